@@ -1,0 +1,45 @@
+"""The `vapo-mcp` command line: one parser, one module per command group (imported lazily).
+
+Each module in `COMMANDS` exposes `register(subparsers)` adding its subcommands; each subcommand sets
+`func(args) -> int` (the exit code). User mistakes raise `UserError` (or `ConfigError`) and are printed
+without a traceback, exit 2. Torch is imported only by commands that train.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .common import UserError, report_error
+
+COMMANDS = ["server.cli.config_cmd"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vapo-mcp", description="VAPO RL training + API-channel tools "
+                                     "(MCP server, CLI).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - user errors become messages, bugs keep their traceback
+        if report_error(e):
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

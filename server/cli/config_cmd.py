@@ -1,0 +1,68 @@
+"""`vapo-mcp config check`: validate both files and print the effective, redacted configuration."""
+from __future__ import annotations
+
+import sys
+
+from vapo_engine.config import config_warnings, load_config, load_settings, resolve_channel
+from vapo_engine.config.errors import ConfigError
+
+from .common import add_file_options, add_json_option, dotenv_for, print_json
+
+
+def register(sub) -> None:
+    cfg = sub.add_parser("config", help="inspect and validate config.toml / settings.json")
+    csub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    chk = csub.add_parser("check", help="validate both files; print the effective config and warnings")
+    add_file_options(chk)
+    add_json_option(chk)
+    chk.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="config.toml override, e.g. --set vapo.alpha=0.5 (repeatable)")
+    chk.set_defaults(func=check)
+
+
+def check(args) -> int:
+    errors = []
+    config = settings = None
+    try:
+        config = load_config(args.config, args.set)
+    except ConfigError as e:
+        errors += e.issues
+    try:
+        settings = load_settings(args.settings)
+    except ConfigError as e:
+        errors += e.issues
+    if errors:
+        _print_issues("error", errors, args.json)
+        return 2
+    channel, warnings = resolve_channel(settings, config, dotenv_path=dotenv_for(args.settings),
+                                        settings_file=args.settings)
+    warnings += config_warnings(config, args.config)
+    if args.json:
+        print_json({"ok": True, "channel": channel.public(), "config": config.model_dump(),
+                    "settings": settings.model_dump(), "warnings": [w.as_dict() for w in warnings]})
+        return 0
+    print(f"config:   {args.config}\nsettings: {args.settings}\n")
+    print("channel:")
+    for k, v in channel.public().items():
+        print(f"  {k:16} {v}")
+    print("\nrecipe:")
+    for section, values in config.model_dump().items():
+        print(f"  [{section}] " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    print(f"  derived: prompts_per_step={config.prompts_per_step}, mini_batch_size={config.mini_batch_size}, "
+          f"micro_batch_size={config.micro_batch_size}, loss_reduction={config.vapo.reduction}")
+    print(f"\nexperiment: {settings.experiment.name} tags={settings.experiment.tags} "
+          f"seed={settings.experiment.seed} log_dir={settings.runtime.log_dir}")
+    _print_issues("warning", warnings, False)
+    print("\nOK: configuration is valid.")
+    return 0
+
+
+def _print_issues(level: str, issues, as_json: bool) -> None:
+    if as_json:
+        print_json({"ok": level != "error", f"{level}s": [i.as_dict() for i in issues]})
+        return
+    stream = sys.stderr if level == "error" else sys.stdout
+    if issues:
+        print(f"\n{len(issues)} {level}(s):", file=stream)
+    for i in issues:
+        print(f"  {level}: {i}", file=stream)

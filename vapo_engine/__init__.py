@@ -1,0 +1,1 @@
+"""vapo-mcp engine: config, jobs, providers, diagnostics, metrics (torch-free); trainer/rollout/algo use torch."""

@@ -1,0 +1,119 @@
+"""The effective channel: settings.json + environment + .env + config.toml [api], with provenance.
+
+Precedence (SPEC §2): `TAOTOKEN_BASE_URL` overrides `api.base_url`; the key comes from the variable that
+`api.api_key_env` names, the real environment winning over a `.env` file next to settings.json.
+The result records which source won for each value and never shows the key unredacted.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from dotenv import dotenv_values
+
+from .errors import ConfigIssue
+from .secrets import Secret
+from .settings_model import Settings
+from .train_model import TrainConfig
+
+BASE_URL_ENV = "TAOTOKEN_BASE_URL"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Everything needed to call the API, with where each value came from."""
+
+    base_url: str
+    base_url_source: str
+    api_key_env: str
+    key: Secret | None
+    key_source: str
+    headers: dict[str, str] = field(default_factory=dict)
+    reasoning_model: str = "qwen-32b"
+    fallback_model: str | None = None
+    stream: bool = True
+    timeout_seconds: float = 120.0
+    max_retries: int = 3
+
+    @property
+    def key_redacted(self) -> str:
+        return self.key.redacted if self.key else "<not set>"
+
+    def public(self) -> dict:
+        """A JSON-safe view with the key redacted."""
+        return {"base_url": self.base_url, "base_url_source": self.base_url_source,
+                "api_key_env": self.api_key_env, "key": self.key_redacted, "key_source": self.key_source,
+                "reasoning_model": self.reasoning_model, "fallback_model": self.fallback_model,
+                "stream": self.stream, "timeout_seconds": self.timeout_seconds, "max_retries": self.max_retries}
+
+
+def resolve_channel(settings: Settings, config: TrainConfig | None = None, *,
+                    env: Mapping[str, str] | None = None, dotenv_path: str | Path | None = None,
+                    settings_file: str = "settings.json") -> tuple[Channel, list[ConfigIssue]]:
+    """Resolve the effective channel and the warnings a user should see (never errors: the key is only
+    needed for API calls)."""
+    env = os.environ if env is None else env
+    dot = _dotenv(dotenv_path)
+    warnings: list[ConfigIssue] = []
+    base_url, base_src = settings.api.base_url, f"{settings_file} api.base_url"
+    if env.get(BASE_URL_ENV):
+        base_url, base_src = env[BASE_URL_ENV], f"environment {BASE_URL_ENV}"
+    name = settings.api.api_key_env
+    key, key_src = _key(name, env, dot, dotenv_path)
+    if key is None:
+        warnings.append(ConfigIssue(settings_file, "api.api_key_env", f"{name} is not set (not in the "
+                                    f"environment, not in {dotenv_path or '.env'})", f"export {name}=<your key> "
+                                    f"or add {name}=<your key> to .env (keep .env git-ignored); the key is "
+                                    "needed only for API calls (check, smoke)", level="warning"))
+    if config is not None:
+        warnings += _cross_file(settings, config, settings_file)
+    timeout, retries = (config.api.timeout_seconds, config.api.max_retries) if config else (120.0, 3)
+    ch = Channel(base_url, base_src, name, key, key_src, dict(settings.api.default_headers),
+                 settings.models.reasoning, settings.models.fallback, settings.runtime.stream, timeout, retries)
+    return ch, warnings
+
+
+def _dotenv(path: str | Path | None) -> dict[str, str]:
+    if path is None or not Path(path).is_file():
+        return {}
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def _key(name: str, env: Mapping[str, str], dot: dict, dotenv_path) -> tuple[Secret | None, str]:
+    if env.get(name):
+        return Secret(env[name]), f"environment variable {name}"
+    if dot.get(name):
+        return Secret(dot[name]), f".env file {dotenv_path} ({name})"
+    return None, "missing"
+
+
+def _cross_file(settings: Settings, config: TrainConfig, settings_file: str) -> list[ConfigIssue]:
+    out = []
+    pairs = (("base_url", settings.api.base_url, config.api.base_url),
+             ("api_key_env", settings.api.api_key_env, config.api.api_key_env))
+    for key, s_val, c_val in pairs:
+        if s_val.rstrip("/") != c_val.rstrip("/"):
+            out.append(ConfigIssue("config.toml", f"api.{key}", f"differs from {settings_file} api.{key} "
+                                   f"({c_val!r} vs {s_val!r}); {settings_file} is used for every API call, "
+                                   "config.toml [api] contributes only timeout_seconds and max_retries",
+                                   f"make them equal (set api.{key} = {s_val!r} in config.toml)", level="warning"))
+    return out
+
+
+def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[ConfigIssue]:
+    """Legal but suspicious settings that a user should know about."""
+    v, out = config.vapo, []
+    if not v.token_level_loss and v.loss_reduction != "seq_mean_token_mean":
+        out.append(ConfigIssue(file, "vapo.loss_reduction", f"token_level_loss = false, so "
+                               f"seq_mean_token_mean is used instead of {v.loss_reduction}",
+                               "set loss_reduction = \"seq_mean_token_mean\" to make it explicit", level="warning"))
+    if v.use_length_adaptive and config.training.algorithm == "vapo":
+        lmin = 1 / v.alpha
+        out.append(ConfigIssue(file, "vapo.alpha", f"responses of ≤ {lmin:g} tokens get λ_policy = 0 "
+                               f"(clamp(1 − 1/(α·l))); at l = {config.model.max_tokens} λ = "
+                               f"{max(0.0, 1 - lmin / config.model.max_tokens):.3f}",
+                               "choose α ≈ 20 / mean response length (paper 0.05 assumes thousands of tokens)",
+                               level="warning"))
+    return out

@@ -1,0 +1,190 @@
+"""Load config.toml and settings.json into validated models, turning every failure into `ConfigIssue`s.
+
+One loader per file. `--set key=value` overrides go through the same validation and are named as such
+in errors. Syntax errors carry line and column; unknown keys get a "did you mean"; range errors give the
+allowed range and the default.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import ConfigError, ConfigIssue, FieldProblem
+from .settings_model import Settings
+from .train_model import TrainConfig
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read and validate config.toml, then apply `key=value` overrides (TOML values, dotted keys)."""
+    path = Path(path)
+    raw = _read(path, _parse_toml)
+    over = parse_overrides(overrides)
+    return validate(TrainConfig, _merge(raw, over), str(path), over)
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate settings.json."""
+    path = Path(path)
+    return validate(Settings, _read(path, _parse_json), str(path), {})
+
+
+def _read(path: Path, parse) -> dict:
+    if not path.is_file():
+        raise ConfigError([ConfigIssue(str(path), "", "file not found", "create it (the repository ships a "
+                                       f"commented {path.name}) or pass the right path")])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([ConfigIssue(str(path), "", f"cannot read file ({e})", "save it as UTF-8 text")]) from None
+    data = parse(text, str(path))
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue(str(path), "", "top level must be an object/table",
+                                       "wrap the keys in { ... }")])
+    return data
+
+
+def _parse_toml(text: str, name: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        line, col = _toml_position(str(e))
+        msg = str(e).split(" (at line")[0]
+        raise ConfigError([ConfigIssue(name, "", f"TOML syntax error: {msg}", "fix the syntax at that line "
+                                       '(strings need quotes, one key = value per line)', line=line,
+                                       column=col)]) from None
+
+
+def _toml_position(msg: str) -> tuple[int | None, int | None]:
+    import re
+    m = re.search(r"line (\d+), column (\d+)", msg)
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def _parse_json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError([ConfigIssue(name, "", f"JSON syntax error: {e.msg}", "fix the syntax there "
+                                       "(double quotes, no trailing commas, no comments)", line=e.lineno,
+                                       column=e.colno)]) from None
+
+
+def parse_overrides(items) -> dict:
+    """`["vapo.alpha=0.5", "training.algorithm=grpo"]` → nested dict. Values are TOML (bare words = strings)."""
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError([ConfigIssue("--set", item, "override must look like section.key=value",
+                                           "e.g. --set vapo.alpha=0.5")])
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError([ConfigIssue("--set", key, "conflicts with another override", "set it once")])
+        node[parts[-1]] = _toml_value(value.strip())
+    return out
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word such as grpo or token_mean
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def validate(model: type[BaseModel], data: dict, file: str, overrides: dict) -> Any:
+    """Validate `data` with `model`; raise `ConfigError` listing every problem with key, range and fix."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        issues = [_issue(model, err, file, overrides) for err in e.errors()]
+        raise ConfigError(issues) from None
+
+
+def _issue(model: type[BaseModel], err: dict, file: str, overrides: dict) -> ConfigIssue:
+    loc = [str(p) for p in err["loc"]]
+    problem = (err.get("ctx") or {}).get("error")
+    if isinstance(problem, FieldProblem):
+        return ConfigIssue(_source(file, overrides, problem.key.split(".")), problem.key, problem.message,
+                           problem.fix)
+    key = ".".join(loc)
+    src = _source(file, overrides, loc)
+    if err["type"] == "extra_forbidden":
+        return _unknown_key(model, loc, src)
+    if err["type"] == "missing":
+        return ConfigIssue(src, key, "required key is missing", f"add {key}")
+    field = _field(model, loc)
+    shown = json.dumps(err.get("input"), default=str)
+    allowed = _allowed(field, err)
+    default = "" if field is None or field.default is None or callable(field.default_factory) \
+        else f" (default {json.dumps(field.default, default=str)})"
+    msg = f"value {shown} is invalid: {err['msg'].lower()}"
+    return ConfigIssue(src, key, msg + (f"; allowed: {allowed}" if allowed else ""),
+                       f"set {key} to {allowed or 'a valid value'}{default}")
+
+
+def _source(file: str, overrides: dict, loc: list[str]) -> str:
+    node: Any = overrides
+    for p in loc:
+        if not isinstance(node, dict) or p not in node:
+            return file
+        node = node[p]
+    return "--set"
+
+
+def _unknown_key(model: type[BaseModel], loc: list[str], src: str) -> ConfigIssue:
+    parent = _model_at(model, loc[:-1])
+    names = list(parent.model_fields) if parent else []
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    prefix = ".".join(loc[:-1])
+    fq = (lambda n: f"{prefix}.{n}" if prefix else n)
+    hint = f"did you mean {fq(close[0])}? " if close else ""
+    return ConfigIssue(src, ".".join(loc), "unknown key", f"{hint}allowed keys here: {', '.join(names)}")
+
+
+def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
+    for p in path:
+        f = model.model_fields.get(p)
+        ann = getattr(f, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _field(model: type[BaseModel], loc: list[str]):
+    parent = _model_at(model, loc[:-1])
+    return parent.model_fields.get(loc[-1]) if parent and loc else None
+
+
+def _allowed(field, err: dict) -> str:
+    ctx = err.get("ctx") or {}
+    if "expected" in ctx:
+        return str(ctx["expected"])
+    if field is None:
+        return ""
+    lo = hi = None
+    for m in field.metadata:
+        for attr, sym in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if sym in (">", "≥"):
+                    lo = f"{sym} {v}"
+                else:
+                    hi = f"{sym} {v}"
+    return " and ".join(x for x in (lo, hi) if x)

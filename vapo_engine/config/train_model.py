@@ -1,0 +1,193 @@
+"""config.toml: the VAPO training recipe (engine side). SPEC §2 and §3.
+
+Defaults are the shipped values; docstrings give the paper's value where it differs (VAPO, arXiv 2504.05118).
+Cross-field rules raise `FieldProblem` so the loader can name the exact key and the fix.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import Section
+from .errors import FieldProblem
+
+LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+Algorithm = Literal["vapo", "ppo", "grpo"]
+
+
+class ApiConfig(Section):
+    base_url: str = Field("https://taotoken.net/api", min_length=1)
+    """Engine copy of the API base URL. settings.json api.base_url is the one used; they should agree."""
+    api_key_env: str = Field("TAOTOKEN_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Engine copy of the key variable name. settings.json api.api_key_env is the one used."""
+    timeout_seconds: float = Field(120.0, gt=0, le=3600)
+    """Per-request timeout in seconds for every API call."""
+    max_retries: int = Field(3, ge=0, le=20)
+    """Retries for connection errors, timeouts, 408/409/429/5xx; 400/401/403/404/422 are never retried."""
+
+
+class ModelConfig(Section):
+    name: str = Field("qwen-32b", min_length=1)
+    """Provider model id for API calls (not the weights that are trained)."""
+    local_path: str | None = None
+    """Local Hugging Face causal-LM directory to train; unset = the built-in tiny model (offline, CPU)."""
+    value_path: str | None = None
+    """Optional separate directory to initialise the value model from; unset = from the policy weights."""
+    temperature: float = Field(0.7, ge=0, le=5)
+    """Sampling temperature for rollouts (local and API). Paper: 1.0 during RL."""
+    top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus sampling threshold for rollouts."""
+    max_tokens: int = Field(4096, ge=1, le=1_000_000)
+    """Maximum new tokens per response (paper: up to 20k)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights/autocast dtype; auto = bf16 autocast where the device supports it, else float32."""
+
+
+class VapoConfig(Section):
+    lambda_base: float = Field(0.95, ge=0, le=1)
+    """λ_policy when length-adaptive GAE is off; also the single λ of vanilla PPO."""
+    alpha: float = Field(0.02, gt=0, le=100)
+    """Length-adaptive GAE: λ_policy = clamp(1 − 1/(α·l), 0, 1). Paper 0.05 (for ~thousands of tokens);
+    scale to ≈ 20 / mean response length for short responses, else λ clamps to 0."""
+    use_length_adaptive: bool = True
+    """Use the length-adaptive λ_policy (false = lambda_base for every sequence)."""
+    token_level_loss: bool = True
+    """Token-level policy loss (VAPO). false forces loss_reduction = seq_mean_token_mean (the ablation)."""
+    loss_reduction: LossReduction = "token_mean"
+    """Aggregation of the policy loss: token_mean (VAPO), seq_mean_token_mean (sample-level), seq_mean_token_sum."""
+    group_size: int = Field(8, ge=1, le=1024)
+    """Samples per prompt (Group-Sampling; paper 16). Prompts per step = batch_size / group_size."""
+    positive_replay: bool = True
+    """Keep a buffer of past correct responses for the positive-example LM loss."""
+    replay_ratio: float = Field(0.3, ge=0, le=1)
+    """Fraction of the positive-example LM batch drawn from the replay buffer."""
+    replay_buffer_size: int = Field(1024, ge=1, le=10_000_000)
+    """Capacity of the positive replay buffer (oldest entries are evicted)."""
+    lambda_critic: float = Field(1.0, ge=0, le=1)
+    """λ for critic targets in Decoupled-GAE (paper 1.0)."""
+    decoupled_gae: bool = True
+    """Decoupled-GAE: critic targets from lambda_critic; false = critic uses λ_policy (the ablation)."""
+    clip_range_high: float = Field(0.28, ge=0, lt=1)
+    """Clip-Higher ε_high (paper 0.28); ε_low is training.clip_range. Set equal to clip_range to disable."""
+    dual_clip: float = Field(0.0, ge=0, le=100)
+    """Dual-clip constant c (> 1) for negative advantages; 0 disables (paper: off)."""
+    positive_lm_coef: float = Field(0.1, ge=0, le=100)
+    """Weight μ of the positive-example NLL (paper 0.1); 0 disables it."""
+    value_pretrain_steps: int = Field(50, ge=0, le=1_000_000)
+    """Value-pretraining steps on rollouts of the frozen initial policy (paper 50); 0 skips it."""
+    value_learning_rate: float = Field(2e-6, gt=0, le=1)
+    """Critic learning rate (paper 2e-6)."""
+    value_clip_range: float = Field(0.0, ge=0, le=100)
+    """PPO-style value clipping around the old values; 0 disables (VAPO default)."""
+    whiten_advantages: bool = True
+    """Whiten policy advantages over the batch's valid tokens (mean 0, std 1; global under data parallel)."""
+
+    @property
+    def reduction(self) -> LossReduction:
+        """The policy-loss reduction actually used."""
+        return self.loss_reduction if self.token_level_loss else "seq_mean_token_mean"
+
+
+class TrainingConfig(Section):
+    total_steps: int = Field(5000, ge=1, le=10_000_000)
+    """Policy gradient updates (optimizer steps of the actor). Paper ~5000."""
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    """Sampled responses per rollout step = prompts × group_size (paper 8192 = 512 × 16)."""
+    mini_batch_size: int | None = Field(None, ge=1)
+    """Responses per optimizer step; unset = batch_size (one update per rollout). Must divide batch_size."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Responses per forward/backward (gradient accumulation); unset = mini_batch_size. Must divide it."""
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    """Passes over each rollout batch."""
+    learning_rate: float = Field(1e-6, gt=0, le=1)
+    """Actor learning rate (paper 1e-6), AdamW with warmup then constant."""
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Linear learning-rate warmup steps of both optimizers."""
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    """Gradient clipping by global norm."""
+    kl_coef: float = Field(0.01, ge=0, le=100)
+    """KL penalty to a frozen reference model; 0 disables it and the reference model (paper 0)."""
+    clip_range: float = Field(0.2, gt=0, lt=1)
+    """PPO ε_low (paper 0.2)."""
+    algorithm: Algorithm = "vapo"
+    """vapo (value model + decoupled/length-adaptive GAE), ppo (vanilla, one λ) or grpo (critic-free)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train; auto = cuda when available."""
+
+
+class DataConfig(Section):
+    train: str = Field("builtin:addition", min_length=1)
+    """Training prompts: builtin:<task> or a JSONL name/path of {problem, answer}."""
+    data_dir: str = Field("./data", min_length=1)
+    """Folder where named JSONL sets live (<data_dir>/<name>.jsonl); nothing is downloaded."""
+
+
+class EvalConfig(Section):
+    benchmark: str = Field("aime_2024", min_length=1)
+    """Held-out set: builtin:<task> or a name resolved to <data.data_dir>/<name>.jsonl."""
+    eval_interval: int = Field(250, ge=1)
+    """Evaluate every N policy steps."""
+    save_interval: int = Field(500, ge=1)
+    """Checkpoint every N policy steps."""
+    num_problems: int = Field(200, ge=1, le=100_000)
+    """Held-out problems per evaluation (the whole set if smaller)."""
+    samples_per_problem: int = Field(4, ge=1, le=1024)
+    """k of the sampled avg@k accuracy (besides greedy accuracy)."""
+
+
+class TrainConfig(Section):
+    """The whole config.toml file."""
+
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    """[api] endpoint, timeouts and retries."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """[model] weights and sampling."""
+    vapo: VapoConfig = Field(default_factory=VapoConfig)
+    """[vapo] the VAPO components."""
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    """[training] optimisation."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """[data] training prompts."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """[eval] held-out evaluation and checkpoints."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TrainConfig":
+        t, g = self.training, self.vapo.group_size
+        if t.batch_size % g:
+            raise FieldProblem("training.batch_size", f"batch_size {t.batch_size} is not divisible by "
+                               f"vapo.group_size {g}", f"use a multiple of {g}, e.g. batch_size = "
+                               f"{max(g, t.batch_size - t.batch_size % g)}, or change vapo.group_size")
+        if t.mini_batch_size and t.batch_size % t.mini_batch_size:
+            raise FieldProblem("training.mini_batch_size", f"mini_batch_size {t.mini_batch_size} does not "
+                               f"divide batch_size {t.batch_size}", "use a divisor of batch_size or unset it")
+        mini = self.mini_batch_size
+        if t.micro_batch_size and mini % t.micro_batch_size:
+            raise FieldProblem("training.micro_batch_size", f"micro_batch_size {t.micro_batch_size} does not "
+                               f"divide the mini-batch size {mini}", "use a divisor of mini_batch_size or unset it")
+        if self.vapo.clip_range_high and self.vapo.clip_range_high < t.clip_range:
+            raise FieldProblem("vapo.clip_range_high", f"clip_range_high {self.vapo.clip_range_high} is below "
+                               f"training.clip_range {t.clip_range}", "Clip-Higher needs ε_high ≥ ε_low: use "
+                               f"{t.clip_range} to disable it or the paper's 0.28")
+        if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
+            raise FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
+                               "use 3.0 (a common choice) or 0 to disable")
+        return self
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Responses per optimizer step."""
+        return self.training.mini_batch_size or self.training.batch_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Responses per forward/backward pass."""
+        return self.training.micro_batch_size or self.mini_batch_size
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts per rollout step = batch_size / group_size."""
+        return self.training.batch_size // self.vapo.group_size
