@@ -1,0 +1,1 @@
+"""Rollouts: batched generation, log-probs, values, rewards (imports torch/transformers)."""

@@ -1,0 +1,1 @@
+"""Training recipe and worker entry point (imports torch/transformers)."""
