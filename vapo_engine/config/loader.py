@@ -133,7 +133,7 @@ def _issue(model: type[BaseModel], err: dict, file: str, overrides: dict) -> Con
     allowed = _allowed(field, err)
     default = "" if field is None or field.default is None or callable(field.default_factory) \
         else f" (default {json.dumps(field.default, default=str)})"
-    msg = f"value {shown} is invalid: {err['msg'].lower()}"
+    msg = f"value {shown} is invalid" + ("" if "expected" in (err.get("ctx") or {}) else f": {err['msg'].lower()}")
     return ConfigIssue(src, key, msg + (f"; allowed: {allowed}" if allowed else ""),
                        f"set {key} to {allowed or 'a valid value'}{default}")
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from .base import Section
+from .errors import FieldProblem
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -25,8 +26,9 @@ class ApiSettings(Section):
     @classmethod
     def _no_auth_header(cls, v: dict[str, str]) -> dict[str, str]:
         if any(k.lower() == "authorization" for k in v):
-            raise ValueError("must not contain Authorization (the key would sit in a file); "
-                             "remove it and export the key in the variable named by api.api_key_env")
+            raise FieldProblem("api.default_headers", "must not contain Authorization (the key would sit "
+                               "in a file)", "remove it and export the key in the variable named by "
+                               "api.api_key_env")
         return v
 
 

@@ -1,0 +1,26 @@
+"""Shared fixtures: paths of the shipped files and a helper to run the CLI in-process."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CANARY_KEY = "sk-canary-7f3a9c1e5b2d4f6a8c0e2b4d6f8a0c1e"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A temp folder holding copies of the shipped config.toml and settings.json."""
+    for name in ("config.toml", "settings.json"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No API key / base-URL override from the developer's environment leaks into a test."""
+    for name in ("TAOTOKEN_API_KEY", "TAOTOKEN_BASE_URL", "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch

@@ -1,0 +1,198 @@
+"""Config files: the shipped values, every class of bad input (exact key + fix), precedence, no key leaks."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from server.cli import main
+from tests.conftest import CANARY_KEY, ROOT
+from vapo_engine.config import (ConfigError, TrainConfig, load_config, load_settings, redact,
+                                resolve_channel)
+
+
+def _issue(fn, *args, **kw):
+    with pytest.raises(ConfigError) as ei:
+        fn(*args, **kw)
+    assert ei.value.issues, "ConfigError without issues"
+    return ei.value.issues[0]
+
+
+def test_shipped_files_have_spec_values():
+    c, s = load_config(ROOT / "config.toml"), load_settings(ROOT / "settings.json")
+    assert (c.api.timeout_seconds, c.api.max_retries, c.model.max_tokens) == (120, 3, 4096)
+    assert (c.vapo.alpha, c.vapo.lambda_base, c.vapo.group_size, c.vapo.replay_ratio) == (0.02, 0.95, 8, 0.3)
+    assert (c.training.total_steps, c.training.batch_size, c.training.kl_coef) == (5000, 64, 0.01)
+    assert (c.eval.benchmark, c.eval.eval_interval, c.eval.save_interval) == ("aime_2024", 250, 500)
+    assert (c.vapo.lambda_critic, c.vapo.clip_range_high, c.vapo.positive_lm_coef) == (1.0, 0.28, 0.1)
+    assert (c.vapo.value_pretrain_steps, c.vapo.value_learning_rate) == (50, 2e-6)
+    assert c.model.local_path is None and c.prompts_per_step == 8
+    assert s.models.fallback == "qwen-14b" and s.experiment.seed == 42 and s.runtime.stream is True
+
+
+def test_every_field_documented():
+    def walk(model):
+        for name, f in model.model_fields.items():
+            assert f.description, f"{model.__name__}.{name} has no docstring"
+            ann = f.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann)
+    walk(TrainConfig)
+
+
+def test_models_are_frozen_and_forbid_extra():
+    c = load_config(ROOT / "config.toml")
+    with pytest.raises(Exception):
+        c.vapo.alpha = 1.0  # type: ignore[misc]
+
+
+def test_toml_syntax_error_has_line_and_column(project):
+    p = project / "config.toml"
+    p.write_text(p.read_text().replace("alpha = 0.02", "alpha = = 0.02"))
+    i = _issue(load_config, p)
+    line = next(n for n, ln in enumerate(p.read_text().splitlines(), 1) if "alpha = =" in ln)
+    assert i.line == line and i.column is not None and "TOML syntax error" in i.message
+    assert f"config.toml:{line}:" in str(i)
+
+
+def test_json_syntax_error_has_line_and_column(project):
+    p = project / "settings.json"
+    p.write_text(p.read_text().replace('"stream": true,', '"stream": true,,'))
+    i = _issue(load_settings, p)
+    assert i.line == 9 and i.column is not None and "JSON syntax error" in i.message
+
+
+@pytest.mark.parametrize("bad, good", [("alpah", "alpha"), ("grup_size", "group_size")])
+def test_unknown_key_did_you_mean(project, bad, good):
+    p = project / "config.toml"
+    p.write_text(p.read_text().replace(f"\n{good} =", f"\n{bad} ="))
+    i = _issue(load_config, p)
+    assert i.key == f"vapo.{bad}" and i.message == "unknown key"
+    assert f"did you mean vapo.{good}?" in i.fix
+
+
+def test_unknown_section_and_settings_key(project):
+    assert "did you mean training?" in _issue(load_config, project / "config.toml", ["trainig.x=1"]).fix
+    p = project / "settings.json"
+    data = json.loads(p.read_text())
+    data["runtime"]["strem"] = True
+    p.write_text(json.dumps(data))
+    i = _issue(load_settings, p)
+    assert i.key == "runtime.strem" and "did you mean runtime.stream?" in i.fix
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("training.total_steps=-5", "training.total_steps", "≥ 1"),
+    ("training.clip_range=1.0", "training.clip_range", "< 1"),
+    ("vapo.alpha=0", "vapo.alpha", "> 0"),
+    ("vapo.alpha=-0.05", "vapo.alpha", "> 0"),
+    ("vapo.replay_ratio=1.5", "vapo.replay_ratio", "≥ 0 and ≤ 1"),
+    ("vapo.replay_ratio=-0.1", "vapo.replay_ratio", "≥ 0 and ≤ 1"),
+    ("vapo.loss_reduction=mean", "vapo.loss_reduction", "'token_mean'"),
+])
+def test_out_of_range_names_file_key_value_and_range(project, override, key, allowed):
+    i = _issue(load_config, project / "config.toml", [override])
+    value = override.split("=")[1]
+    assert i.key == key and i.file == "--set"
+    assert value in i.message and allowed in i.message and allowed in i.fix and key in i.fix
+
+
+def test_out_of_range_in_file_names_the_file(project):
+    p = project / "config.toml"
+    p.write_text(p.read_text().replace("clip_range = 0.2", "clip_range = 1.2"))
+    i = _issue(load_config, p)
+    assert i.file == str(p) and i.key == "training.clip_range" and "1.2" in i.message
+
+
+def test_batch_not_divisible_by_group(project):
+    i = _issue(load_config, project / "config.toml", ["training.batch_size=60"])
+    assert i.key == "training.batch_size" and "not divisible by vapo.group_size 8" in i.message
+    assert "multiple of 8" in i.fix
+
+
+def test_all_errors_reported_together(project):
+    with pytest.raises(ConfigError) as ei:
+        load_config(project / "config.toml", ["vapo.alpha=0", "training.clip_range=2", "vapo.foo=1"])
+    assert {i.key for i in ei.value.issues} == {"vapo.alpha", "training.clip_range", "vapo.foo"}
+
+
+def test_bad_override_syntax_and_missing_file(project):
+    assert "section.key=value" in _issue(load_config, project / "config.toml", ["alpha"]).message
+    i = _issue(load_config, project / "nope.toml")
+    assert i.message == "file not found" and "nope.toml" in i.file
+
+
+def test_auth_header_in_settings_refused(project):
+    p = project / "settings.json"
+    data = json.loads(p.read_text())
+    data["api"]["default_headers"]["Authorization"] = "Bearer x"
+    p.write_text(json.dumps(data))
+    i = _issue(load_settings, p)
+    assert i.key == "api.default_headers" and "api_key_env" in i.fix
+
+
+def test_precedence_env_over_dotenv_and_base_url_override(project, clean_env):
+    s = load_settings(project / "settings.json")
+    dot = project / ".env"
+    dot.write_text("TAOTOKEN_API_KEY=sk-from-dotenv-000000000000000000001111\n")
+    ch, warns = resolve_channel(s, dotenv_path=dot, env={})
+    assert ch.key.reveal().endswith("1111") and ch.key_source.startswith(".env file") and not warns
+    env = {"TAOTOKEN_API_KEY": CANARY_KEY, "TAOTOKEN_BASE_URL": "http://127.0.0.1:9/v1"}
+    ch, _ = resolve_channel(s, dotenv_path=dot, env=env)
+    assert ch.key.reveal() == CANARY_KEY and ch.key_source == "environment variable TAOTOKEN_API_KEY"
+    assert ch.base_url == "http://127.0.0.1:9/v1" and ch.base_url_source == "environment TAOTOKEN_BASE_URL"
+    ch, _ = resolve_channel(s, env={})
+    assert ch.base_url == "https://taotoken.net/api" and ch.base_url_source.endswith("api.base_url")
+
+
+def test_missing_key_is_a_warning_with_the_fix(project, clean_env):
+    ch, warns = resolve_channel(load_settings(project / "settings.json"), env={})
+    assert ch.key is None and ch.key_source == "missing"
+    assert warns[0].level == "warning" and "export TAOTOKEN_API_KEY=" in warns[0].fix
+
+
+def test_cross_file_disagreement_warns(project):
+    c = load_config(project / "config.toml", ['api.base_url="https://other.example/v1"'])
+    _, warns = resolve_channel(load_settings(project / "settings.json"), c, env={})
+    w = next(w for w in warns if w.key == "api.base_url")
+    assert "used for every API call" in w.message and w.level == "warning"
+
+
+def test_redaction_format():
+    assert redact(CANARY_KEY) == f"sk-…{CANARY_KEY[-4:]} (len {len(CANARY_KEY)})"
+    assert CANARY_KEY not in repr(resolve_channel(load_settings(ROOT / "settings.json"),
+                                                  env={"TAOTOKEN_API_KEY": CANARY_KEY})[0])
+
+
+def test_cli_config_check_ok_and_redacted(project, clean_env, capsys):
+    clean_env.setenv("TAOTOKEN_API_KEY", CANARY_KEY)
+    rc = main(["config", "check", "--config", str(project / "config.toml"),
+               "--settings", str(project / "settings.json")])
+    out = capsys.readouterr()
+    assert rc == 0 and "environment variable TAOTOKEN_API_KEY" in out.out and CANARY_KEY[-4:] in out.out
+    assert CANARY_KEY not in out.out + out.err
+
+
+def test_cli_config_check_missing_key_warns(project, clean_env, capsys):
+    rc = main(["config", "check", "--config", str(project / "config.toml"),
+               "--settings", str(project / "settings.json")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "TAOTOKEN_API_KEY is not set" in out and "export TAOTOKEN_API_KEY=" in out
+
+
+def test_cli_config_check_errors_exit_2_without_traceback(project, clean_env, capsys):
+    rc = main(["config", "check", "--config", str(project / "config.toml"),
+               "--settings", str(project / "settings.json"), "--set", "vapo.alpha=-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "vapo.alpha" in err and "Traceback" not in err
+
+
+def test_cli_json_output(project, clean_env, capsys):
+    clean_env.setenv("TAOTOKEN_API_KEY", CANARY_KEY)
+    rc = main(["config", "check", "--json", "--config", str(project / "config.toml"),
+               "--settings", str(project / "settings.json")])
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert rc == 0 and data["ok"] and data["channel"]["key"].startswith("sk-…")
+    assert not re.search(re.escape(CANARY_KEY), out)
