@@ -19,12 +19,34 @@ from .settings_model import Settings
 from .train_model import TrainConfig
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Read and validate config.toml, then apply `key=value` overrides (TOML values, dotted keys)."""
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                preset: str | None = None) -> TrainConfig:
+    """Read and validate config.toml, then a preset (a TOML file of overrides), then `key=value`
+    overrides (TOML values, dotted keys): later wins."""
     path = Path(path)
     raw = _read(path, _parse_toml)
+    if preset:
+        raw = _merge(raw, _read(preset_path(preset), _parse_toml))
     over = parse_overrides(overrides)
     return validate(TrainConfig, _merge(raw, over), str(path), over)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def preset_path(preset: str) -> Path:
+    """A built-in preset name (see `preset_names()`) or a path to a TOML file."""
+    p = Path(preset)
+    if p.suffix == ".toml" and p.is_file():
+        return p
+    if (PRESETS_DIR / f"{preset}.toml").is_file():
+        return PRESETS_DIR / f"{preset}.toml"
+    raise ConfigError([ConfigIssue("--preset", preset, "unknown preset", "use one of "
+                                   f"{', '.join(preset_names())} or a path to a .toml file")])
 
 
 def load_settings(path: str | Path) -> Settings:

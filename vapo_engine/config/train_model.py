@@ -161,6 +161,9 @@ class TrainConfig(Section):
             raise FieldProblem("training.batch_size", f"batch_size {t.batch_size} is not divisible by "
                                f"vapo.group_size {g}", f"use a multiple of {g}, e.g. batch_size = "
                                f"{max(g, t.batch_size - t.batch_size % g)}, or change vapo.group_size")
+        if t.algorithm == "grpo" and g < 2:
+            raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
+                               f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
         if t.mini_batch_size and t.batch_size % t.mini_batch_size:
             raise FieldProblem("training.mini_batch_size", f"mini_batch_size {t.mini_batch_size} does not "
                                f"divide batch_size {t.batch_size}", "use a divisor of batch_size or unset it")

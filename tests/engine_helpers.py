@@ -1,0 +1,20 @@
+"""Helpers for engine tests: a tiny untrained HF model directory and a minimal fast run config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import ROOT
+from vapo_engine.config import load_config, load_settings
+from vapo_engine.runs import create_run
+
+FAST = ["training.total_steps=3", "training.batch_size=8", "vapo.group_size=2", "model.max_tokens=10",
+        "vapo.value_pretrain_steps=1", "eval.num_problems=4", "eval.samples_per_problem=1",
+        "eval.eval_interval=2", "eval.save_interval=2", "training.micro_batch_size=4",
+        "training.mini_batch_size=8"]
+
+
+def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str = "run") -> Path:
+    over = FAST + [f"model.local_path={str(model_dir)!r}".replace("'", '"'), *extra]
+    cfg = load_config(ROOT / "config.toml", over, preset="cpu-demo")
+    settings = load_settings(ROOT / "settings.json")
+    return create_run(cfg, settings, tmp_path / "runs", run_id=name).run_dir

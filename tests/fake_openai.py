@@ -1,0 +1,237 @@
+"""A real OpenAI-compatible HTTP server on 127.0.0.1 for tests, scriptable per route.
+
+    with FakeOpenAI(key="sk-canary-…", models=["qwen-32b", "qwen-14b"]) as srv:
+        srv.script("POST /v1/chat/completions", Reply(429, headers={"retry-after-ms": "200"}), Reply.ok("80"))
+        ... call srv.base_url ...
+        assert srv.count("POST /v1/chat/completions") == 2
+
+Default behaviour (when a route's script queue is empty): `GET /v1/models` lists `models`;
+`POST /v1/chat/completions` answers with `answers[model]` (plain JSON or SSE when `"stream": true`), returns
+401 (OpenAI shape, echoing the key it got, as some servers do) when `key` is set and the Bearer token differs,
+and 404 `model_not_found` for unknown models; any other path is a route 404 (`{"detail": "Not Found"}`).
+Scripted `Reply`s can set status, headers, a JSON or raw body, a delay before the response, SSE events
+(optionally cut off mid-stream: `break_after`), and are served in order. Every request is recorded.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from typing_extensions import Self
+
+DEFAULT_ANSWER = "Distance 240 km over 3 hours: 240 / 3 = 80. The average speed is 80 km/h."
+
+
+@dataclass
+class Reply:
+    """One scripted response."""
+
+    status: int = 200
+    json: Any = None
+    body: str | bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    sse: list[Any] | None = None
+    """SSE events: dicts are sent as JSON, strings as-is (e.g. "[DONE]")."""
+    sse_delay: float = 0.0
+    break_after: int | None = None
+    """Close the connection after this many SSE events, without ending the chunked body."""
+
+    @staticmethod
+    def ok(content: str = DEFAULT_ANSWER, model: str = "qwen-32b", finish_reason: str = "stop") -> Reply:
+        return Reply(json=completion(content, model, finish_reason))
+
+    @staticmethod
+    def error(status: int, message: str, code: Any = None, type_: str = "invalid_request_error",
+              headers: dict | None = None) -> Reply:
+        return Reply(status, json={"error": {"message": message, "type": type_, "param": None, "code": code}},
+                     headers=headers or {})
+
+    @staticmethod
+    def stream(content: str = DEFAULT_ANSWER, model: str = "qwen-32b", *, pieces: int = 4,
+               break_after: int | None = None, done: bool = True, finish_reason: str = "stop") -> Reply:
+        return Reply(sse=sse_events(content, model, pieces=pieces, done=done, finish_reason=finish_reason),
+                     break_after=break_after)
+
+
+def completion(content: str, model: str, finish_reason: str = "stop") -> dict:
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}}
+
+
+def sse_events(content: str, model: str, *, pieces: int = 4, done: bool = True,
+               finish_reason: str = "stop") -> list[Any]:
+    step = max(1, -(-len(content) // pieces))
+    parts = [content[i:i + step] for i in range(0, len(content), step)] or [""]
+    events: list[Any] = [{"id": "c", "object": "chat.completion.chunk", "model": model,
+                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
+                                       "finish_reason": None}]} for p in parts]
+    events.append({"id": "c", "object": "chat.completion.chunk", "model": model,
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}],
+                   "usage": {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}})
+    if done:
+        events.append("[DONE]")
+    return events
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+    t: float
+
+
+class FakeOpenAI:
+    """The server; use as a context manager. `base_url` ends with /v1."""
+
+    def __init__(self, *, key: str | None = None, models=("qwen-32b", "qwen-14b"),
+                 answers: dict[str, str] | None = None, prefix: str = "/v1"):
+        self.key, self.models, self.prefix = key, list(models), prefix
+        self.answers = answers or {}
+        self.requests: list[Recorded] = []
+        self.in_flight = self.max_in_flight = 0
+        self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + self.prefix
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def script(self, route: str, *replies: Reply) -> None:
+        """Queue replies for "METHOD /path" (or "/path" for any method)."""
+        with self._lock:
+            self._scripts[route].extend(replies)
+
+    def count(self, route: str) -> int:
+        method, _, path = route.rpartition(" ")
+        return sum(1 for r in self.requests if r.path == path and (not method or r.method == method))
+
+    def times(self, route: str) -> list[float]:
+        method, _, path = route.rpartition(" ")
+        return [r.t for r in self.requests if r.path == path and (not method or r.method == method)]
+
+    def next_scripted(self, method: str, path: str) -> Reply | None:
+        with self._lock:
+            for route in (f"{method} {path}", path):
+                if self._scripts.get(route):
+                    return self._scripts[route].popleft()
+        return None
+
+    def default_reply(self, method: str, path: str, headers: dict, body: Any) -> Reply:
+        if path not in (f"{self.prefix}/models", f"{self.prefix}/chat/completions"):
+            return Reply(404, json={"detail": "Not Found"})
+        auth = headers.get("authorization", "")
+        if self.key is not None and auth != f"Bearer {self.key}":
+            given = auth.removeprefix("Bearer ")
+            return Reply.error(401, f"Incorrect API key provided: {given or '(none)'}. You can find your API "
+                               "key in your dashboard.", "invalid_api_key")
+        if path.endswith("/models"):
+            return Reply(json={"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
+        model = (body or {}).get("model") if isinstance(body, dict) else None
+        if model not in self.models:
+            return Reply.error(404, f"The model `{model}` does not exist or you do not have access to it.",
+                               "model_not_found")
+        content = self.answers.get(model, DEFAULT_ANSWER)
+        if isinstance(body, dict) and body.get("stream"):
+            return Reply.stream(content, model)
+        return Reply.ok(content, model)
+
+
+def _handler(fake: FakeOpenAI):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # keep test output clean
+            pass
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def _handle(self, method: str) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            with fake._lock:
+                fake.requests.append(Recorded(method, self.path, headers, body, time.monotonic()))
+                fake.in_flight += 1
+                fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+            try:
+                reply = fake.next_scripted(method, self.path) or fake.default_reply(method, self.path, headers,
+                                                                                     body)
+                time.sleep(reply.delay)
+                self._send(reply)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                with fake._lock:
+                    fake.in_flight -= 1
+
+        def _send(self, reply: Reply) -> None:
+            if reply.sse is not None:
+                return self._send_sse(reply)
+            if reply.json is not None:
+                data, ctype = json.dumps(reply.json).encode(), "application/json"
+            else:
+                b = reply.body or b""
+                data, ctype = (b.encode() if isinstance(b, str) else b), "text/plain; charset=utf-8"
+            self.send_response(reply.status)
+            self._headers({"content-type": ctype, **reply.headers, "content-length": str(len(data))})
+            self.wfile.write(data)
+            self.close_connection = True
+
+        def _send_sse(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            self._headers({"content-type": "text/event-stream", **reply.headers, "transfer-encoding": "chunked"})
+            for i, event in enumerate(reply.sse):
+                if reply.break_after is not None and i >= reply.break_after:
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                payload = event if isinstance(event, str) else json.dumps(event)
+                chunk = f"data: {payload}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                time.sleep(reply.sse_delay)
+            self.wfile.write(b"0\r\n\r\n")
+            self.close_connection = True
+
+        def _headers(self, headers: dict[str, str]) -> None:
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("connection", "close")
+            self.end_headers()
+
+    return Handler

@@ -1,0 +1,53 @@
+"""`diagnose_error`: ranked findings (cause, evidence, fix) from whatever the user has (SPEC §4).
+
+Inputs, all optional: an HTTP status, an error body, response headers, exception/traceback/log text (or a log
+file), settings.json / config.toml, a code path to scan, a base URL and model id. They are turned into one
+scrubbed `Evidence` (vapo_engine.diagnostics.gather) and evaluated against the knowledge base
+(`vapo_engine/diagnostics/rules_*.json`). Training-metric evidence (a run id) joins with the engine issues.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from vapo_engine.diagnostics import Diagnosis, Finding, diagnose, gather_evidence, load_rules
+
+MAX_LOG_BYTES = 256_000
+
+__all__ = ["Diagnosis", "Finding", "diagnose_error", "list_rules"]
+
+
+def _read_log(path: str | Path) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"log file {str(p)!r} not found: pass an existing file (or the text itself)")
+    size = p.stat().st_size
+    with p.open("rb") as f:
+        if size > MAX_LOG_BYTES:
+            f.seek(size - MAX_LOG_BYTES)
+        return f.read().decode("utf-8", "replace")
+
+
+def diagnose_error(*, status: int | None = None, body: str | None = None,
+                   headers: Mapping[str, str] | Iterable[str] | None = None, text: str | None = None,
+                   log_path: str | Path | None = None, settings_path: str | Path | None = None,
+                   config_path: str | Path | None = None, code_path: str | Path | None = None,
+                   base_url: str | None = None, model: str | None = None, history: list[int] | None = None,
+                   env: Mapping[str, str] | None = None, limit: int = 10) -> Diagnosis:
+    """Diagnose an API/config/code problem. Raises `ValueError` for unusable arguments (bad status, missing
+    log file, malformed header); problems *in* the files are findings, not exceptions."""
+    if status is not None and not 100 <= int(status) <= 599:
+        raise ValueError(f"status {status} is not an HTTP status code (100-599)")
+    if not 1 <= limit <= 50:
+        raise ValueError("limit must be between 1 and 50")
+    if log_path is not None:
+        text = "\n".join(t for t in (text, _read_log(log_path)) if t)
+    ev = gather_evidence(status=status, body=body, headers=headers, text=text, settings_path=settings_path,
+                         config_path=config_path, code_path=code_path, env=env, model=model, base_url=base_url,
+                         history=history)
+    return diagnose(ev, limit=limit)
+
+
+def list_rules() -> list[dict]:
+    """The knowledge base: id, category, severity and title of every rule."""
+    return [{"id": r.id, "category": r.category, "severity": r.severity, "title": r.title} for r in load_rules()]

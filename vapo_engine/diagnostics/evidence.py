@@ -1,0 +1,166 @@
+"""The evidence object the knowledge base reasons over, and pure helpers that derive facts from raw inputs.
+
+`Evidence` holds only safe data: bodies and texts are scrubbed and bounded, the key is reduced to `KeyFacts`
+(shape flags + the redacted form), proxy URLs lose their credentials. Gathering (files, git, env) happens in
+`gather.py`; everything here is pure. New evidence kinds (e.g. a run's metrics) go into `extra` under a name
+their predicates know, or become new fields here.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from vapo_engine.config import Secret
+from vapo_engine.providers import BaseURLError, ErrorInfo, normalize_base_url, safe_text, scrub
+
+ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+_PLACEHOLDER = re.compile(r"^(<.*>|\{\{.*\}\}|\$\{?[A-Z_]+\}?|(sk-)?(x{3,}|\.{3}|\*{3,})|your[-_ ].*|.*[-_ ]here|"
+                          r"change[-_ ]?me|none|null|todo|api[-_]?key|secret|token|dummy|test|example|placeholder)$",
+                          re.IGNORECASE)
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+class KeyFacts(BaseModel):
+    """What the key looks like — never the key itself."""
+
+    present: bool = False
+    source: str = ""
+    env_name: str | None = None
+    redacted: str = "<not set>"
+    length: int = 0
+    looks_like_env_name: bool = False
+    equals_env_name: bool = False
+    quoted: bool = False
+    surrounding_space: bool = False
+    inner_space: bool = False
+    newline: bool = False
+    bearer_prefix: bool = False
+    placeholder: bool = False
+    truncated: bool = False
+    non_ascii: bool = False
+
+
+class URLFacts(BaseModel):
+    raw: str
+    source: str = ""
+    normalised: str | None = None
+    kinds: list[str] = Field(default_factory=list)
+    error_kind: str | None = None
+    error: str | None = None
+    fix: str | None = None
+    host: str = ""
+    loopback: bool = False
+
+
+class ProxyFacts(BaseModel):
+    variables: dict[str, str] = Field(default_factory=dict)
+    no_proxy: list[str] = Field(default_factory=list)
+    socks: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.variables)
+
+    def bypasses(self, host: str) -> bool:
+        """Whether NO_PROXY makes httpx/requests skip the proxy for `host` (exact names; '*' = all)."""
+        host = host.lower().strip("[]")
+        return any(n == "*" or n.lower().lstrip(".") == host or (n.startswith(".") and host.endswith(n.lower()))
+                   for n in self.no_proxy)
+
+
+class CodeHit(BaseModel):
+    file: str
+    line: int
+    kind: str
+    """env_name_as_key | hardcoded_key"""
+    snippet: str
+
+
+class DotenvFacts(BaseModel):
+    path: str
+    status: str
+    """ignored | not_ignored | not_a_repo | git_missing | error"""
+
+
+class Evidence(BaseModel):
+    """Everything known about one problem. Every field is optional; predicates skip what is missing."""
+
+    status: int | None = None
+    history: list[int] = Field(default_factory=list)
+    """Earlier HTTP statuses of the same session/log, oldest first (the current one excluded)."""
+    body: str | None = None
+    error: ErrorInfo | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    text: str | None = None
+    """Exception text, traceback or log excerpt (scrubbed, bounded)."""
+    network_kind: str | None = None
+    exception_type: str | None = None
+    model: str | None = None
+    fallback_model: str | None = None
+    models_listed: list[str] | None = None
+    key: KeyFacts | None = None
+    url: URLFacts | None = None
+    base_url_override: str | None = None
+    proxy: ProxyFacts | None = None
+    config_issues: list[str] = Field(default_factory=list)
+    settings_key_problems: list[str] = Field(default_factory=list)
+    code_hits: list[CodeHit] = Field(default_factory=list)
+    dotenv: list[DotenvFacts] = Field(default_factory=list)
+    attempts: int | None = None
+    gave_up: str | None = None
+    inputs: list[str] = Field(default_factory=list)
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Evidence contributed by other modules (e.g. `metrics` for training rules), keyed by name."""
+
+    def said(self) -> str:
+        """Everything the server or the log said, as one string for pattern predicates."""
+        e = self.error
+        bits = [self.body, e.message if e else None, e.code if e else None, e.type if e else None, self.text]
+        return "\n".join(b for b in bits if b)
+
+
+def key_facts(key: Secret | None, env_name: str | None = None, source: str = "") -> KeyFacts:
+    """Shape flags of a key (pure; the raw value stays inside this function)."""
+    if key is None or not key.reveal():
+        return KeyFacts(present=False, source=source or "missing", env_name=env_name)
+    raw = key.reveal()
+    core = raw.strip().strip("\"'").strip()
+    if core.lower().startswith("bearer "):
+        core = core[7:].strip()
+    min_len = 30 if core.startswith("sk-") else 20
+    return KeyFacts(
+        present=True, source=source, env_name=env_name, redacted=key.redacted, length=len(raw),
+        looks_like_env_name=bool(ENV_NAME.match(core)) or (env_name is not None and core == env_name),
+        equals_env_name=env_name is not None and core == env_name,
+        quoted=bool(raw.strip()) and (raw.strip()[0] in "\"'" or raw.strip()[-1] in "\"'"),
+        surrounding_space=raw != raw.strip(), newline="\n" in raw or "\r" in raw,
+        inner_space=" " in raw.strip() and not raw.strip().lower().startswith("bearer "),
+        bearer_prefix=raw.strip().strip("\"'").lower().startswith("bearer"),
+        placeholder=bool(_PLACEHOLDER.match(core)),
+        truncated=("…" in core or "..." in core or "***" in core or len(core) < min_len)
+        and not ENV_NAME.match(core),
+        non_ascii=any(ord(c) > 126 for c in raw))
+
+
+def url_facts(raw: str | None, source: str = "") -> URLFacts | None:
+    """Normalisation result of a base URL as facts (what was wrong, what it becomes)."""
+    if raw is None:
+        return None
+    try:
+        b = normalize_base_url(raw)
+    except BaseURLError as e:
+        return URLFacts(raw=scrub(raw), source=source, error_kind=e.kind, error=e.message, fix=e.fix)
+    return URLFacts(raw=scrub(raw), source=source, normalised=b.url, kinds=list(b.kinds), host=b.host,
+                    loopback=b.is_loopback)
+
+
+def proxy_facts(env: Mapping[str, str]) -> ProxyFacts:
+    """Proxy variables in effect (values without credentials) and the NO_PROXY host list."""
+    found = {k: safe_text(env[k], 200) for k in PROXY_VARS if env.get(k)}
+    no_proxy = ",".join(env.get(k, "") for k in ("NO_PROXY", "no_proxy"))
+    hosts = [h.strip() for h in no_proxy.split(",") if h.strip()]
+    return ProxyFacts(variables=found, no_proxy=hosts,
+                      socks=any(v.lower().startswith("socks") for v in found.values()))

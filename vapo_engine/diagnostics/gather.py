@@ -1,0 +1,240 @@
+"""Build `Evidence` from what a user or a tool has: status, body, headers, log text, files, code, a live error.
+
+This is the I/O side of diagnostics (reading settings/config, scanning code, running git); the evaluator in
+`engine.py` stays pure. Every string that enters `Evidence` is scrubbed (known key + credential patterns).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from vapo_engine.config import BASE_URL_ENV, Channel, ConfigError, load_config, load_settings, resolve_channel
+from vapo_engine.providers import (
+    APIConnectionError,
+    ProviderError,
+    classify_network_text,
+    parse_error_body,
+    safe_text,
+    scrub,
+)
+
+from .evidence import ENV_NAME, Evidence, key_facts, proxy_facts, url_facts
+from .scan import dotenv_status, scan_code
+
+MAX_BODY, MAX_TEXT = 4000, 8000
+_STATUS_PATTERNS = re.compile(
+    r"Error code: (\d{3})|status[_ ]?code[\"']?\s*[=:]\s*(\d{3})|HTTP/\d(?:\.\d)?\"? (\d{3})|\bHTTP (\d{3})\b|"
+    r"(?:Client|Server) error '(\d{3})|\b(\d{3}) (?:Unauthorized|Forbidden|Not Found|Too Many Requests|"
+    r"Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out|Payment Required|Bad Request)\b",
+    re.IGNORECASE)
+_EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Timeout))\b", re.MULTILINE)
+_DICT_AFTER_CODE = re.compile(r"Error code: \d{3} - (\{.*\})")
+
+
+def parse_headers(headers: Mapping[str, str] | Iterable[str] | None, secrets=()) -> dict[str, str]:
+    """`{"Retry-After": "2"}` or `["retry-after: 2"]` → lower-case names, credentials dropped, values scrubbed."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(headers, Mapping):
+        pairs = [(str(k), str(v)) for k, v in headers.items()]
+    elif headers:
+        for h in headers:
+            name, sep, value = str(h).partition(":")
+            if not sep:
+                raise ValueError(f"header {h!r} must look like Name: value")
+            pairs.append((name, value))
+    drop = {"authorization", "cookie", "set-cookie", "proxy-authorization", "x-api-key", "api-key"}
+    return {k.strip().lower(): safe_text(v.strip(), 300, secrets) for k, v in pairs[:50]
+            if k.strip().lower() not in drop}
+
+
+def statuses_in_text(text: str) -> list[int]:
+    """HTTP statuses mentioned in a log/traceback, in order of appearance."""
+    out = []
+    for m in _STATUS_PATTERNS.finditer(text or ""):
+        code = next(g for g in m.groups() if g)
+        if 100 <= int(code) <= 599:
+            out.append(int(code))
+    return out
+
+
+def _body_from_text(text: str) -> Any:
+    for m in _DICT_AFTER_CODE.finditer(text):
+        raw = m.group(1)
+        for parse in (json.loads, ast.literal_eval):
+            try:
+                value = parse(raw)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def text_facts(text: str, secrets=()) -> dict[str, Any]:
+    """Statuses, network failure kind, exception type and an embedded error body of a log/traceback."""
+    statuses = statuses_in_text(text)
+    exc_types = _EXC_TYPE.findall(text)
+    clean = safe_text(text[-MAX_TEXT:] if len(text) > MAX_TEXT else text, MAX_TEXT, secrets)
+    facts: dict[str, Any] = {"text": clean, "network_kind": classify_network_text(text),
+                             "exception_type": exc_types[-1] if exc_types else None}
+    if statuses:
+        facts["status"], facts["history"] = statuses[-1], statuses[:-1]
+    body = _body_from_text(text)
+    if body is not None:
+        facts["error"] = parse_error_body(body, secrets)
+        facts["body"] = safe_text(json.dumps(body), MAX_BODY, secrets)
+    return facts
+
+
+def error_facts(exc: ProviderError) -> dict[str, Any]:
+    """Evidence fields of a live client error (already scrubbed by the client)."""
+    facts: dict[str, Any] = {"status": exc.status, "body": exc.body, "error": exc.info, "headers": exc.headers,
+                             "text": exc.message, "attempts": exc.attempts, "gave_up": exc.gave_up,
+                             "exception_type": type(exc).__name__}
+    if isinstance(exc, APIConnectionError):
+        facts["network_kind"] = exc.kind
+    elif exc.kind in ("stream_broken",):
+        facts["network_kind"] = "protocol"
+    if exc.model:
+        facts["model"] = exc.model
+    return facts
+
+
+def channel_facts(channel: Channel, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Key shape, URL shape, models and proxy facts of a resolved channel."""
+    env = os.environ if env is None else env
+    override = env.get(BASE_URL_ENV) if channel.base_url_source.startswith("environment") else None
+    return {"key": key_facts(channel.key, channel.api_key_env, channel.key_source),
+            "url": url_facts(channel.base_url, channel.base_url_source), "model": channel.reasoning_model,
+            "fallback_model": channel.fallback_model, "proxy": proxy_facts(env),
+            "base_url_override": scrub(override) if override else None}
+
+
+def settings_key_problems(path: Path) -> list[str]:
+    """Credential material written into settings.json (read raw, so it works even when validation fails)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    api = data.get("api") if isinstance(data, dict) else None
+    if not isinstance(api, dict):
+        return []
+    out = []
+    for name in ("api_key", "key", "token", "apikey"):
+        if isinstance(api.get(name), str) and api[name]:
+            out.append(f"{path.name}: api.{name} holds a value ({safe_text(api[name], 60, [api[name]])})")
+    env_name = api.get("api_key_env")
+    if isinstance(env_name, str) and env_name and not ENV_NAME.match(env_name) and \
+            (len(env_name) >= 20 or env_name.startswith("sk-")):
+        out.append(f"{path.name}: api.api_key_env looks like a key, not a variable name "
+                   f"({safe_text(env_name, 60, [env_name])})")
+    headers = api.get("default_headers")
+    if isinstance(headers, dict) and any(str(k).lower() == "authorization" for k in headers):
+        out.append(f"{path.name}: api.default_headers contains an Authorization header")
+    return out
+
+
+def _settings_facts(settings_path: Path, env: Mapping[str, str] | None, config_path: Path | None
+                    ) -> dict[str, Any]:
+    facts: dict[str, Any] = {"config_issues": [], "settings_key_problems": settings_key_problems(settings_path)}
+    config = None
+    if config_path is not None:
+        try:
+            config = load_config(config_path)
+        except ConfigError as e:
+            facts["config_issues"] += [str(i) for i in e.issues]
+    try:
+        settings = load_settings(settings_path)
+    except ConfigError as e:
+        facts["config_issues"] += [str(i) for i in e.issues]
+        return facts
+    channel, _ = resolve_channel(settings, config, env=env, dotenv_path=settings_path.resolve().parent / ".env",
+                                 settings_file=str(settings_path))
+    facts.update(channel_facts(channel, env))
+    facts["_secrets"] = [channel.key] if channel.key else []
+    return facts
+
+
+def gather_evidence(*, status: int | None = None, body: str | None = None,
+                    headers: Mapping[str, str] | Iterable[str] | None = None, text: str | None = None,
+                    settings_path: str | Path | None = None, config_path: str | Path | None = None,
+                    code_path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                    model: str | None = None, base_url: str | None = None, history: list[int] | None = None,
+                    error: ProviderError | None = None, channel: Channel | None = None) -> Evidence:
+    """Everything given, as one scrubbed `Evidence`. Missing files become config issues, not exceptions."""
+    fields: dict[str, Any] = {"inputs": []}
+    secrets: list = []
+    if settings_path is not None or config_path is not None:
+        sp = Path(settings_path) if settings_path is not None else None
+        cp = Path(config_path) if config_path is not None else None
+        if sp is not None:
+            fields.update(_settings_facts(sp, env, cp))
+            secrets = fields.pop("_secrets", [])
+        elif cp is not None:
+            fields["config_issues"] = _config_only(cp)
+        fields["inputs"].append("config files")
+    if channel is not None:
+        fields.update(channel_facts(channel, env))
+        secrets = [channel.key] if channel.key else []
+        fields["inputs"].append("channel")
+    if text:
+        fields.update({k: v for k, v in text_facts(text, secrets).items() if v is not None})
+        fields["inputs"].append("log/traceback text")
+    if error is not None:
+        fields.update({k: v for k, v in error_facts(error).items() if v not in (None, {}, "")})
+        fields["inputs"].append("client error")
+    _direct(fields, secrets, status=status, body=body, headers=headers, model=model, base_url=base_url,
+            history=history)
+    if code_path is not None:
+        _code(fields, Path(code_path), settings_path)
+    if "proxy" not in fields:
+        fields["proxy"] = proxy_facts(os.environ if env is None else env)
+    return Evidence(**fields)
+
+
+def _config_only(cp: Path) -> list[str]:
+    try:
+        load_config(cp)
+    except ConfigError as e:
+        return [str(i) for i in e.issues]
+    return []
+
+
+def _direct(fields: dict, secrets: list, *, status, body, headers, model, base_url, history) -> None:
+    if status is not None:
+        if fields.get("status") not in (None, status):
+            fields.setdefault("history", []).append(fields["status"])
+        fields["status"] = int(status)
+        fields["inputs"].append("status code")
+    if body:
+        fields["body"] = safe_text(body, MAX_BODY, secrets)
+        fields["error"] = parse_error_body(body, secrets)
+        fields["inputs"].append("error body")
+    if headers:
+        fields["headers"] = parse_headers(headers, secrets)
+        fields["inputs"].append("headers")
+    if model:
+        fields["model"] = model
+    if base_url:
+        fields["url"] = url_facts(base_url, "given")
+    if history:
+        fields["history"] = list(history) + [s for s in fields.get("history", []) if s not in history]
+
+
+def _code(fields: dict, root: Path, settings_path) -> None:
+    if not root.exists():
+        fields.setdefault("config_issues", []).append(f"{root}: code path not found")
+        return
+    hits, envs = scan_code(root)
+    if settings_path is not None:
+        env_file = Path(settings_path).resolve().parent / ".env"
+        if env_file.is_file() and env_file.resolve() not in {e.resolve() for e in envs}:
+            envs.append(env_file)
+    fields["code_hits"] = hits
+    fields["dotenv"] = [dotenv_status(e) for e in envs[:20]]
+    fields["inputs"].append("code scan")

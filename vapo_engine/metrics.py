@@ -1,0 +1,85 @@
+"""The metric catalogue: every name the trainer logs, with its meaning. Names are an API (DESIGN.md §4).
+
+The trainer writes only names listed here (a test checks it); diagnostics and `report_metrics` read the
+same names. `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line.
+Torch-free.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CATALOGUE: dict[str, str] = {
+    # actor
+    "actor/pg_loss": "clipped policy-gradient loss of the optimizer step (aggregated as configured)",
+    "actor/pg_clipfrac": "fraction of valid tokens whose ratio was clipped (either side)",
+    "actor/pg_clipfrac_high": "fraction clipped at 1 + ε_high (A > 0); Clip-Higher raises this ceiling",
+    "actor/pg_clipfrac_low": "fraction clipped at 1 − ε_low (A < 0)",
+    "actor/approx_kl": "approximate KL(old ‖ new) over valid tokens (k3 estimator)",
+    "actor/ratio_max": "largest importance ratio in the step",
+    "actor/entropy": "mean token entropy of the policy on the rollout (collapse → exploration stops)",
+    "actor/positive_nll": "positive-example LM loss: token-mean NLL over correct responses (+ replay)",
+    "actor/kl_ref": "mean KL penalty to the frozen reference model (0 when kl_coef = 0)",
+    "actor/grad_norm": "actor gradient norm before clipping",
+    "actor/lr": "actor learning rate",
+    # critic
+    "critic/value_loss": "value loss (0.5 · squared error to the critic targets)",
+    "critic/explained_var": "explained variance of the value predictions vs the critic targets (global)",
+    "critic/vf_clipfrac": "fraction of value predictions clipped (value_clip_range > 0)",
+    "critic/value_mean": "mean predicted value over valid tokens",
+    "critic/return_mean": "mean critic target over valid tokens",
+    "critic/grad_norm": "critic gradient norm before clipping",
+    "critic/lr": "critic learning rate",
+    "critic/pretrain_value_loss": "value loss during value pretraining (frozen initial policy, λ = 1 targets)",
+    "critic/pretrain_explained_var": "explained variance during value pretraining",
+    # rollout
+    "rollout/reward_mean": "mean sequence reward of the rollout batch",
+    "rollout/accuracy": "fraction of sampled responses that are correct",
+    "rollout/response_length": "mean response length in tokens (EOS included)",
+    "rollout/response_length_max": "longest response in tokens",
+    "rollout/truncated_frac": "fraction of responses that hit max_tokens without EOS",
+    "rollout/no_signal_groups": "fraction of prompt groups whose samples all got the same reward",
+    "rollout/tokens_per_s": "generated tokens per second in the rollout",
+    # vapo
+    "vapo/lambda_policy_mean": "mean λ_policy of the batch (length-adaptive or lambda_base)",
+    "vapo/lambda_policy_min": "smallest λ_policy of the batch",
+    "vapo/lambda_clamped_frac": "fraction of sequences whose λ_policy was clamped to 0 (α·l ≤ 1)",
+    "vapo/advantage_mean": "mean policy advantage before whitening",
+    "vapo/advantage_std": "std of the policy advantage before whitening",
+    "vapo/positive_samples": "correct responses in the positive-example LM batch from this rollout",
+    "vapo/replay_samples": "responses drawn from the positive replay buffer",
+    "vapo/replay_size": "entries in the positive replay buffer",
+    # eval
+    "eval/greedy_accuracy": "held-out accuracy with greedy decoding",
+    "eval/sampled_accuracy": "held-out avg@k accuracy with sampling at the rollout temperature",
+    "eval/response_length": "mean greedy response length on the held-out set",
+    # perf
+    "perf/step_time_s": "wall time of the whole rollout step (generation + updates)",
+    "perf/rollout_time_s": "wall time of generation + scoring",
+    "perf/update_time_s": "wall time of the updates",
+    "perf/update_samples_per_s": "responses processed per second by the updates",
+}
+
+STEP, KIND, TIME = "step", "kind", "time"
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl (each {step, kind, time, <name>: value, ...}); a torn line is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def series(records: list[dict], name: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, in file order."""
+    return [(int(r.get(STEP, 0)), float(r[name])) for r in records if isinstance(r.get(name), (int, float))]

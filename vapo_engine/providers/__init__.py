@@ -1,0 +1,50 @@
+"""OpenAI-compatible API client: base-URL normalisation, typed errors, the retry table, SSE, fallback.
+
+Torch-free and MCP-free; `tools/channel.py` builds the agent-facing checks on top of it.
+"""
+from .client import ChatResult, ModelList, ProviderClient, is_model_unavailable, safe_error_text
+from .errorbody import (
+                        ErrorInfo,
+                        is_error_payload,
+                        is_model_not_found,
+                        is_quota_exhausted,
+                        mentions_cooldown,
+                        parse_error_body,
+                        rate_limit_headers,
+                        retry_after_seconds,
+)
+from .errors import (
+                        APIConnectionError,
+                        APIStatusError,
+                        APITimeoutError,
+                        AuthenticationError,
+                        BadRequestError,
+                        BadResponseError,
+                        ConflictError,
+                        KeyFormatError,
+                        NotFoundError,
+                        PaymentRequiredError,
+                        PermissionDeniedError,
+                        ProviderError,
+                        RateLimitError,
+                        RequestTimeoutError,
+                        ServerError,
+                        StreamError,
+                        UnprocessableEntityError,
+                        status_error,
+)
+from .netclass import classify_network_text, exception_text
+from .redaction import safe_text, scrub, truncate
+from .retry import Decision, RetryPolicy, backoff, call_with_retry, decide
+from .urls import BaseURL, BaseURLError, is_loopback_host, normalize_base_url
+
+__all__ = [
+    "APIConnectionError", "APIStatusError", "APITimeoutError", "AuthenticationError", "BadRequestError",
+    "BadResponseError", "BaseURL", "BaseURLError", "ChatResult", "ConflictError", "Decision", "ErrorInfo",
+    "KeyFormatError", "ModelList", "NotFoundError", "PaymentRequiredError", "PermissionDeniedError",
+    "ProviderClient", "ProviderError", "RateLimitError", "RequestTimeoutError", "RetryPolicy", "ServerError",
+    "StreamError", "UnprocessableEntityError", "backoff", "call_with_retry", "classify_network_text", "decide",
+    "exception_text", "is_error_payload", "is_loopback_host", "is_model_not_found", "is_model_unavailable",
+    "is_quota_exhausted", "mentions_cooldown", "normalize_base_url", "parse_error_body", "rate_limit_headers",
+    "retry_after_seconds", "safe_error_text", "safe_text", "scrub", "status_error", "truncate",
+]

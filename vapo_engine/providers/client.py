@@ -1,0 +1,326 @@
+"""Async client for OpenAI-compatible APIs: `GET /models`, `POST /chat/completions` (plain and SSE).
+
+What it does, in order, for every call: normalise the base URL (`urls.py`), add the settings' default headers
+and `Authorization: Bearer <key>` (the only place the key is revealed), wait for a concurrency slot, send,
+turn every failure into a typed error (`errors.py`), and retry by the table in `retry.py`. A 200 that holds an
+error body is an error too. `chat_with_fallback` switches to `models.fallback` when the reasoning model is
+unavailable (404 model-not-found, 5xx or 429 after retries) and the answer says which model answered.
+
+Deliberately not here: tools-level verdicts (tools/channel.py), diagnosis (vapo_engine/diagnostics).
+Environment proxies are honoured except for loopback base URLs (a proxy never serves 127.0.0.1).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+from typing_extensions import Self
+
+from vapo_engine.config import Channel, Secret
+
+from .errorbody import is_error_payload, parse_error_body, rate_limit_headers
+from .errors import (
+    APIConnectionError,
+    APITimeoutError,
+    BadResponseError,
+    KeyFormatError,
+    NotFoundError,
+    ProviderError,
+    RateLimitError,
+    ServerError,
+    status_error,
+)
+from .netclass import classify_network_text, exception_text
+from .redaction import safe_text
+from .retry import RetryPolicy, call_with_retry
+from .sse import read_stream
+from .urls import BaseURL, normalize_base_url
+
+log = logging.getLogger("vapo_engine.providers")
+USER_AGENT = "vapo-mcp/0.1"
+MAX_ANSWER = 100_000
+
+
+class ChatResult(BaseModel):
+    """One chat completion. `model_used` is the model that answered (after any fallback)."""
+
+    model_requested: str
+    model_used: str
+    model_reported: str | None = None
+    content: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    choices: int = 0
+    usage: dict[str, Any] | None = None
+    status: int = 200
+    latency_s: float = 0.0
+    elapsed_s: float = 0.0
+    ttft_s: float | None = None
+    attempts: int = 1
+    streamed: bool = False
+    rate_limit_headers: dict[str, str] = Field(default_factory=dict)
+    fallback_from: str | None = None
+    fallback_reason: str | None = None
+
+
+class ModelList(BaseModel):
+    """`GET /models`: the ids, the status and how long it took."""
+
+    ids: list[str] = Field(default_factory=list)
+    status: int = 200
+    latency_s: float = 0.0
+    attempts: int = 1
+    auth_sent: bool = True
+    rate_limit_headers: dict[str, str] = Field(default_factory=dict)
+
+
+def is_model_unavailable(exc: BaseException) -> bool:
+    """Errors after which the fallback model is tried (SPEC §2): model-not-found, 5xx, 429 (not quota)."""
+    if isinstance(exc, NotFoundError):
+        return exc.target == "model"
+    if isinstance(exc, RateLimitError):
+        return not exc.quota_exhausted
+    if isinstance(exc, ServerError):
+        return True
+    if isinstance(exc, BadResponseError) and exc.info is not None:
+        from .errorbody import is_model_not_found
+        return is_model_not_found(exc.info, "", exc.model)
+    return False
+
+
+class ProviderClient:
+    """One channel: base URL + key + headers + timeout + retry policy + a concurrency limit."""
+
+    def __init__(self, base_url: str | BaseURL, key: Secret | None = None, *,
+                 headers: Mapping[str, str] | None = None, timeout: float = 120.0, max_retries: int = 3,
+                 policy: RetryPolicy | None = None, max_concurrency: int = 8, trust_env: bool | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.base = base_url if isinstance(base_url, BaseURL) else normalize_base_url(base_url)
+        self._key = key
+        self._headers = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
+        self.timeout = float(timeout)
+        self.policy = policy or RetryPolicy(max_retries=max_retries)
+        self.max_concurrency = max(1, int(max_concurrency))
+        self._limit = asyncio.Semaphore(self.max_concurrency)
+        self.trust_env = (not self.base.is_loopback) if trust_env is None else trust_env
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    @classmethod
+    def from_channel(cls, channel: Channel, **kw) -> ProviderClient:
+        """Build from `resolve_channel(...)`: base URL, key, default headers, timeout and max_retries."""
+        kw.setdefault("timeout", channel.timeout_seconds)
+        kw.setdefault("policy", RetryPolicy(max_retries=channel.max_retries))
+        base = kw.pop("base_url", None) or channel.base_url
+        return cls(base, channel.key, headers=channel.headers, **kw)
+
+    def __repr__(self) -> str:
+        key = self._key.redacted if self._key else "<no key>"
+        return f"ProviderClient({self.base.url!r}, key={key})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def _secrets(self) -> tuple:
+        return (self._key,) if self._key else ()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
+            try:
+                self._http = httpx.AsyncClient(timeout=timeout, trust_env=self.trust_env,
+                                               transport=self._transport, follow_redirects=False)
+            except (ImportError, ValueError) as e:
+                raise APIConnectionError(f"cannot use the proxy from the environment: {e}", kind="proxy_config",
+                                         exc_type=type(e).__name__, url=self.base.url,
+                                         secrets=self._secrets) from None
+        return self._http
+
+    def _request_headers(self, auth: bool) -> dict[str, str]:
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **self._headers}
+        if auth and self._key is not None:
+            raw = self._key.reveal()
+            bad = raw != raw.strip() or any(ord(c) < 32 or ord(c) > 126 for c in raw)
+            if bad:
+                raise KeyFormatError("the API key contains whitespace, a line break or non-ASCII characters "
+                                     f"({self._key.redacted}); it was not sent", url=self.base.url)
+            headers["Authorization"] = f"Bearer {raw}"
+        return headers
+
+    async def _send(self, method: str, url: str, *, payload: Any, auth: bool, model: str | None,
+                    accept_sse: bool = False) -> httpx.Response:
+        """One HTTP attempt, streamed; non-2xx raises the typed error (the body is read and closed)."""
+        headers = self._request_headers(auth)
+        if accept_sse:
+            headers["Accept"] = "text/event-stream"
+        kw = {"url": url, "model": model, "secrets": self._secrets}
+        client = self._client()
+        try:
+            req = client.build_request(method, url, json=payload, headers=headers)
+            resp = await client.send(req, stream=True)
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(f"{type(e).__name__}: no response within {self.timeout:g}s ({e})",
+                                  exc_type=type(e).__name__, **kw) from None
+        except httpx.HTTPError as e:
+            text = exception_text(e)
+            kind = "proxy" if isinstance(e, httpx.ProxyError) else classify_network_text(text) or "connect"
+            if kind == "tls_http":
+                kind = "tls"
+            raise APIConnectionError(text, kind=kind, exc_type=type(e).__name__, **kw) from None
+        if resp.status_code >= 300:
+            try:
+                body = (await resp.aread()).decode("utf-8", "replace")
+            except httpx.HTTPError:
+                body = ""
+            finally:
+                await resp.aclose()
+            info = parse_error_body(body, self._secrets)
+            raise status_error(resp.status_code, info, body=body, headers=resp.headers, **kw)
+        return resp
+
+    async def list_models(self, *, auth: bool = True, retry: bool = True) -> ModelList:
+        """`GET <base>/models` → ids. `auth=False` sends no key (to see whether the server enforces one)."""
+        url = self.base.endpoint("models")
+        calls = 0
+
+        async def once() -> ModelList:
+            nonlocal calls
+            calls += 1
+            t0 = time.perf_counter()
+            async with self._limit:
+                resp = await self._send("GET", url, payload=None, auth=auth, model=None)
+                try:
+                    data = await self._json(resp, url)
+                finally:
+                    await resp.aclose()
+            ids = [str(m.get("id")) for m in (data.get("data") or data.get("models") or [])
+                   if isinstance(m, dict) and m.get("id")] if isinstance(data, dict) else []
+            return ModelList(ids=ids, status=resp.status_code, latency_s=time.perf_counter() - t0,
+                             attempts=calls, auth_sent=auth and self._key is not None,
+                             rate_limit_headers=rate_limit_headers(resp.headers))
+
+        policy = self.policy if retry else RetryPolicy(max_retries=0)
+        return await call_with_retry(once, policy, what=f"GET {url}")
+
+    async def _json(self, resp: httpx.Response, url: str, model: str | None = None) -> Any:
+        raw = await resp.aread()
+        text = raw.decode("utf-8", "replace")
+        kw = {"url": url, "model": model, "secrets": self._secrets, "headers": resp.headers, "body": text}
+        try:
+            data = resp.json()
+        except ValueError:
+            raise BadResponseError(f"HTTP {resp.status_code} but the body is not JSON: {text[:200]!r}",
+                                   kind="not_json", **kw) from None
+        if is_error_payload(data):
+            info = parse_error_body(data, self._secrets)
+            raise BadResponseError(f"HTTP {resp.status_code} with an error body: {info.short() if info else ''}",
+                                   info=info, **kw)
+        return data
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str, stream: bool = False,
+                   temperature: float | None = None, max_tokens: int | None = None,
+                   on_delta: Callable[[str], None] | None = None, **extra: Any) -> ChatResult:
+        """`POST <base>/chat/completions`, retried by the table; SSE when `stream`."""
+        url = self.base.endpoint("chat/completions")
+        payload: dict[str, Any] = {"model": model, "messages": list(messages), "stream": bool(stream)}
+        if temperature is not None:
+            payload["temperature"] = temperature
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
+        payload.update(extra)
+        calls, start = 0, time.perf_counter()
+
+        async def once() -> ChatResult:
+            nonlocal calls
+            calls += 1
+            async with self._limit:
+                return await self._chat_once(url, payload, model, stream, on_delta)
+
+        result = await call_with_retry(once, self.policy, what=f"POST {url} model={model}")
+        return result.model_copy(update={"attempts": calls, "elapsed_s": time.perf_counter() - start})
+
+    async def _chat_once(self, url: str, payload: dict, model: str, stream: bool, on_delta) -> ChatResult:
+        t0 = time.perf_counter()
+        resp = await self._send("POST", url, payload=payload, auth=True, model=model, accept_sse=stream)
+        try:
+            is_sse = "text/event-stream" in resp.headers.get("content-type", "")
+            if stream and is_sse:
+                st = await read_stream(resp, secrets=self._secrets, url=url, model=model, on_delta=on_delta)
+                return ChatResult(model_requested=model, model_used=model, model_reported=st.model,
+                                  content=st.text(), reasoning="".join(st.reasoning)[:MAX_ANSWER],
+                                  finish_reason=st.finish_reason, choices=1 if st.choices_seen else 0,
+                                  usage=st.usage, status=resp.status_code, latency_s=time.perf_counter() - t0,
+                                  ttft_s=(st.first_token_at - t0) if st.first_token_at else None, streamed=True,
+                                  rate_limit_headers=rate_limit_headers(resp.headers))
+            data = await self._json(resp, url, model)
+        finally:
+            await resp.aclose()
+        return _result_from_json(data, model, resp, time.perf_counter() - t0)
+
+    async def chat_with_fallback(self, messages: Sequence[Mapping[str, Any]], *, model: str,
+                                 fallback: str | None, **kw: Any) -> ChatResult:
+        """`chat` with `model`; if it is unavailable, once more with `fallback` (noted in the result)."""
+        try:
+            return await self.chat(messages, model=model, **kw)
+        except ProviderError as e:
+            if not fallback or fallback == model or not is_model_unavailable(e):
+                raise
+            reason = f"{model}: {e.short()}"
+            log.warning("model %s unavailable (%s); falling back to %s", model, e.short(), fallback)
+        try:
+            result = await self.chat(messages, model=fallback, **kw)
+        except ProviderError as e2:
+            e2.notes_.append(f"the reasoning model failed first: {reason}")
+            raise
+        return result.model_copy(update={"model_requested": model, "model_used": fallback,
+                                         "fallback_from": model, "fallback_reason": reason})
+
+    async def sample(self, messages: Sequence[Mapping[str, Any]], n: int, *, model: str,
+                     **kw: Any) -> list[ChatResult | ProviderError]:
+        """`n` samples of one prompt (group sampling), at most `max_concurrency` in flight."""
+        async def one() -> ChatResult | ProviderError:
+            try:
+                return await self.chat(messages, model=model, **kw)
+            except ProviderError as e:
+                return e
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)[:MAX_ANSWER]
+
+
+def _result_from_json(data: Any, model: str, resp: httpx.Response, latency: float) -> ChatResult:
+    choices = data.get("choices") if isinstance(data, dict) else None
+    choices = choices if isinstance(choices, list) else []
+    first = choices[0] if choices and isinstance(choices[0], dict) else {}
+    message = first.get("message") or {}
+    content = _content(message) if message else str(first.get("text") or "")[:MAX_ANSWER]
+    reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")[:MAX_ANSWER]
+    return ChatResult(model_requested=model, model_used=model, model_reported=data.get("model"),
+                      content=content, reasoning=reasoning, finish_reason=first.get("finish_reason"),
+                      choices=len(choices), usage=data.get("usage") if isinstance(data.get("usage"), dict)
+                      else None, status=resp.status_code, latency_s=latency, streamed=False,
+                      rate_limit_headers=rate_limit_headers(resp.headers))
+
+
+def safe_error_text(exc: BaseException, key: Secret | None = None, limit: int = 500) -> str:
+    """Any exception as scrubbed, bounded text (for errors that are not ProviderError)."""
+    return safe_text(exception_text(exc), limit, (key,) if key else ())

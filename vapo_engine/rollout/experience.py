@@ -1,0 +1,141 @@
+"""A rollout batch: sample responses, score them, and attach old log-probs, reference log-probs and values.
+
+Alignment (SPEC §3): the sequence is [left-padded prompt (P) | right-padded response (R)]. The log-prob of
+response token t comes from the logits at position P−1+t; V(s_t) is the value head at the same position
+(the state *before* token t), i.e. `values[:, P-1:L-1]`. The sequence reward sits on the last valid
+response token (EOS included when generated), never on padding. Does not compute advantages or update.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from vapo_engine.algo import entropy_from_logits, log_probs_from_logits
+
+from .generate import generate, response_lengths
+
+
+@dataclass
+class Rollout:
+    input_ids: torch.Tensor        # (N, L) prompt ids left-padded + response ids right-padded
+    attention_mask: torch.Tensor   # (N, L)
+    position_ids: torch.Tensor     # (N, L)
+    response_mask: torch.Tensor    # (N, R) float, 1 up to and including EOS
+    scores: torch.Tensor           # (N,) sequence reward
+    correct: torch.Tensor          # (N,) bool
+    token_rewards: torch.Tensor    # (N, R) score on the last valid token, 0 elsewhere
+    prompt_len: int
+    texts: list[str]
+    old_log_probs: torch.Tensor | None = None   # (N, R)
+    ref_log_probs: torch.Tensor | None = None   # (N, R)
+    values: torch.Tensor | None = None          # (N, R) V(s_t)
+    entropy: torch.Tensor | None = None         # (N, R)
+    advantages: torch.Tensor | None = None      # (N, R) policy advantages (after whitening)
+    returns: torch.Tensor | None = None         # (N, R) critic targets
+    gen_seconds: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return response_lengths(self.response_mask)
+
+    def rows(self, idx: torch.Tensor | slice) -> "Rollout":
+        """The sub-batch of rows `idx` (tensors sliced, texts kept aligned)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v[idx]
+            elif f.name == "texts":
+                ids = range(len(v))[idx] if isinstance(idx, slice) else idx.tolist()
+                out[f.name] = [v[i] for i in ids]
+        return replace(self, **out)
+
+
+def position_ids_from(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as generation used them: cumsum(mask) − 1, clamped at 0. (B, L)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def place_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(N,) scores → (N, R) token rewards on the last valid token of each row (0 for empty rows)."""
+    rewards = torch.zeros_like(response_mask, dtype=torch.float32)
+    lengths = response_lengths(response_mask)
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    rewards[rows, lengths[rows] - 1] = scores[rows].float()
+    return rewards
+
+
+def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device) -> Rollout:
+    """A scored-as-correct Rollout from (prompt ids, response ids) pairs (e.g. replayed positives)."""
+    p_len = max(len(p) for p, _ in pairs)
+    r_len = max(len(r) for _, r in pairs)
+    n = len(pairs)
+    ids = torch.full((n, p_len + r_len), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, p_len + r_len), dtype=torch.long)
+    for i, (p, r) in enumerate(pairs):
+        ids[i, p_len - len(p):p_len] = torch.tensor(p)
+        ids[i, p_len:p_len + len(r)] = torch.tensor(r)
+        attn[i, p_len - len(p):p_len + len(r)] = 1
+    resp_mask = attn[:, p_len:].float()
+    ones = torch.ones(n)
+    return Rollout(ids.to(device), attn.to(device), position_ids_from(attn).to(device), resp_mask.to(device),
+                   ones.to(device), ones.bool().to(device), place_rewards(ones, resp_mask).to(device), p_len,
+                   [""] * n)
+
+
+def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
+                   do_sample: bool = True) -> Rollout:
+    """Generate one response per problem (repeat problems for groups) and score them with the task."""
+    t0 = time.perf_counter()
+    gen = generate(models.policy, models.tokenizer, [p.prompt for p in problems],
+                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                   do_sample=do_sample and temperature > 0)
+    dev = models.device
+    scores = torch.tensor([task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], dtype=torch.float32)
+    resp_mask = gen.response_mask.float()
+    input_ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1)
+    attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
+    return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
+                   scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
+                   gen.prompt_ids.shape[1], gen.texts, gen_seconds=time.perf_counter() - t0)
+
+
+def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
+    """Log-probs (N, R) of the response tokens under `model` (and token entropies if asked)."""
+    out = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
+                use_cache=False)
+    p = ro.prompt_len
+    logits = out.logits[:, p - 1:-1, :].float()
+    lp = log_probs_from_logits(logits, ro.input_ids[:, p:])
+    return (lp, entropy_from_logits(logits)) if with_entropy else (lp, None)
+
+
+def response_values(value_model, ro: Rollout) -> torch.Tensor:
+    """V(s_t) for each response token t: the value head at the position before the token. (N, R)."""
+    out = value_model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
+                      use_cache=False)
+    p = ro.prompt_len
+    return out.logits[:, p - 1:-1, 0].float()
+
+
+@torch.no_grad()
+def attach_old_outputs(models, ro: Rollout, micro_batch: int) -> Rollout:
+    """Fill old/ref log-probs, entropies and values by micro-batches, without gradients."""
+    parts: dict[str, list[torch.Tensor]] = {"old_log_probs": [], "entropy": [], "ref_log_probs": [], "values": []}
+    for s in range(0, ro.size, micro_batch):
+        mb = ro.rows(slice(s, s + micro_batch))
+        with models.autocast():
+            lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
+            parts["old_log_probs"].append(lp)
+            parts["entropy"].append(ent)
+            if models.reference is not None:
+                parts["ref_log_probs"].append(response_log_probs(models.reference, mb)[0])
+            if models.value is not None:
+                parts["values"].append(response_values(models.value, mb))
+    return replace(ro, **{k: torch.cat(v) if v else None for k, v in parts.items()})

@@ -1,0 +1,148 @@
+"""Batched sampling from any Hugging Face causal LM with the KV cache, returned as padded, masked tensors.
+
+`generate` tokenizes prompts with left padding, calls `model.generate` (attention mask, `use_cache=True`)
+chunk by chunk, and returns a `Generation`: prompts left-padded, responses right-padded, a response mask
+that covers every token up to AND including the first EOS, and pad tokens everywhere after it.
+
+Sampling is pure: the checkpoint's own `generation_config` (top-k, repetition penalty, ...) is ignored and
+only temperature / top-p apply, so the samples come from the same distribution the trainer's log-probs
+describe. Randomness comes from torch's global RNG (the caller seeds it). This file does not compute
+log-probs, values or rewards, and does not batch by length or stream.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+
+@dataclass
+class Generation:
+    """Rollout tensors for N prompts (all on the model's device)."""
+
+    prompt_ids: torch.LongTensor
+    """(N, P) prompt tokens, left-padded with pad_token_id."""
+    prompt_mask: torch.Tensor
+    """(N, P) 1 for real prompt tokens, 0 for left padding."""
+    response_ids: torch.LongTensor
+    """(N, R) response tokens, right-padded with pad_token_id; R <= max_new_tokens."""
+    response_mask: torch.Tensor
+    """(N, R) float: 1.0 up to and including the first EOS (all R tokens if none), 0.0 after."""
+    texts: list[str]
+    """Decoded responses with special tokens removed."""
+    finished: torch.BoolTensor
+    """(N,) True where an EOS was generated."""
+
+
+def response_lengths(response_mask: torch.Tensor) -> torch.LongTensor:
+    """(N,) number of valid response tokens per row (EOS included), from the right-padded response mask."""
+    return response_mask.sum(dim=-1).round().long()
+
+
+def special_ids(model, tokenizer) -> tuple[int, list[int]]:
+    """(pad_id, eos_ids): EOS ids from the tokenizer plus the model's generation config; pad falls back to EOS."""
+    eos: list[int] = []
+    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for i in source if isinstance(source, (list, tuple)) else [source]:
+            if i is not None and int(i) not in eos:
+                eos.append(int(i))
+    if not eos:
+        raise ValueError("the tokenizer has no eos_token; set one so responses can end")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return int(pad), eos
+
+
+def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, do_sample: bool,
+                     pad: int, eos: list[int]) -> GenerationConfig:
+    greedy = not do_sample or temperature <= 0
+    # top_k=0 explicitly: otherwise transformers' global default (top_k=50) would truncate the distribution.
+    sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
+        pad_token_id=pad, eos_token_id=eos if len(eos) > 1 else eos[0], **sampling,
+    )
+
+
+@contextlib.contextmanager
+def _eval_mode_with_clean_generation_config(model):
+    """Eval mode and an empty `generation_config` (so checkpoint defaults cannot change sampling); restored after."""
+    was_training, saved = model.training, getattr(model, "generation_config", None)
+    model.eval()
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+        model.train(was_training)
+
+
+def _tokenize_left(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    saved = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = saved
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def mask_after_eos(tokens: torch.Tensor, eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, mask, finished): tokens after the first EOS set to pad; mask 1.0 up to and including it."""
+    is_eos = torch.zeros_like(tokens, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= tokens == e
+    finished = is_eos.any(dim=-1)
+    # Count of EOS tokens strictly before each position; a position is valid while that count is 0.
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()
+    mask = (eos_before == 0).float()
+    ids = tokens.masked_fill(mask == 0, pad_id)
+    return ids, mask, finished
+
+
+def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra <= 0:
+        return t
+    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+def _generate_chunk(model, tokenizer, prompts, config, pad, eos):
+    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, model.device)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+    new_tokens = out[:, prompt_ids.shape[1]:]
+    ids, mask, finished = mask_after_eos(new_tokens, eos, pad)
+    return prompt_ids, prompt_mask, ids, mask, finished
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+             top_p: float = 1.0, do_sample: bool = True, batch_size: int | None = None) -> Generation:
+    """Sample (or, with temperature 0 / do_sample=False, greedily decode) one response per prompt.
+
+    `batch_size` splits the prompts into chunks for memory; results are re-padded to common widths.
+    """
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    pad, eos = special_ids(model, tokenizer)
+    config = _sampling_config(max_new_tokens, temperature, top_p, do_sample, pad, eos)
+    step = batch_size or len(prompts)
+    with _eval_mode_with_clean_generation_config(model):
+        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos)
+                  for i in range(0, len(prompts), step)]
+    p_width = max(c[0].shape[1] for c in chunks)
+    r_width = max(1, max(int(c[3].sum(dim=-1).max().item()) for c in chunks))
+    prompt_ids = torch.cat([_pad_to(c[0], p_width, pad, left=True) for c in chunks])
+    prompt_mask = torch.cat([_pad_to(c[1], p_width, 0, left=True) for c in chunks])
+    response_ids = torch.cat([_pad_to(c[2], r_width, pad, left=False)[:, :r_width] for c in chunks])
+    response_mask = torch.cat([_pad_to(c[3], r_width, 0.0, left=False)[:, :r_width] for c in chunks])
+    finished = torch.cat([c[4] for c in chunks])
+    lengths = response_lengths(response_mask).tolist()
+    texts = tokenizer.batch_decode(
+        [row[:n].tolist() for row, n in zip(response_ids, lengths)], skip_special_tokens=True
+    )
+    return Generation(prompt_ids, prompt_mask, response_ids, response_mask, texts, finished)

@@ -1,0 +1,43 @@
+"""Worker entry point: `python -m vapo_engine.trainer RUN_DIR [--resume]`.
+
+Trains the run whose frozen config is in RUN_DIR. SIGTERM/SIGINT ask for a graceful stop (checkpoint, then
+exit 0 with summary status "stopped"). Exit codes: 0 done or stopped, 2 bad input (message on stderr, no
+traceback), 1 a crash (traceback on stderr, which the run manager keeps in the run's log).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vapo_engine.trainer")
+    ap.add_argument("run_dir")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    args = ap.parse_args(argv)
+    stop = {"flag": False}
+
+    def _ask_stop(signum, frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _ask_stop)
+    signal.signal(signal.SIGINT, _ask_stop)
+    from vapo_engine.tasks import TaskError
+    from .loop import train
+    from .models import ModelLoadError
+    from .progress import print_record
+    from vapo_engine.runs import load_run
+    try:
+        total = load_run(args.run_dir)[1].training.total_steps
+        summary = train(args.run_dir, resume=args.resume, should_stop=lambda: stop["flag"],
+                        on_record=lambda r: print_record(r, total), log=lambda m: print(m, flush=True))
+    except (TaskError, ModelLoadError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"done: {summary['status']} after {summary['steps']} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

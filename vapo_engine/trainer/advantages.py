@@ -1,0 +1,58 @@
+"""Advantages and critic targets of a rollout, chosen by the registry (no `if` per ablation inside the loop).
+
+vapo → decoupled GAE (λ_critic for targets, λ_policy for the actor); with decoupled_gae off, or for vanilla
+ppo, one λ for both ("gae"); grpo → group-normalised outcome advantage, no critic. λ_policy is length-adaptive
+for vapo when enabled, else lambda_base. Whitening (optional) uses only valid tokens and never touches returns.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from vapo_engine.algo import get_advantage_estimator, length_adaptive_lambda, masked_mean, masked_var, masked_whiten
+from vapo_engine.config import TrainConfig
+from vapo_engine.rollout.experience import Rollout
+
+
+def estimator_name(cfg: TrainConfig) -> str:
+    algo = cfg.training.algorithm
+    if algo == "grpo":
+        return "grpo"
+    return "decoupled_gae" if algo == "vapo" and cfg.vapo.decoupled_gae else "gae"
+
+
+def policy_lambda(cfg: TrainConfig, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """λ_policy per sequence (B,) and which sequences were clamped to 0."""
+    if cfg.training.algorithm == "vapo" and cfg.vapo.use_length_adaptive:
+        return length_adaptive_lambda(mask, cfg.vapo.alpha)
+    n = mask.shape[0]
+    return torch.full((n,), cfg.vapo.lambda_base, device=mask.device), torch.zeros(n, dtype=torch.bool,
+                                                                                  device=mask.device)
+
+
+def add_advantages(ro: Rollout, cfg: TrainConfig, *, lam_override: float | None = None) -> tuple[Rollout, dict]:
+    """Rollout with `advantages` (whitened if configured) and `returns`; plus the vapo/… metrics."""
+    mask = ro.response_mask
+    lam, clamped = policy_lambda(cfg, mask)
+    if lam_override is not None:
+        lam = torch.full_like(lam, lam_override)
+    name = estimator_name(cfg)
+    adv, ret = get_advantage_estimator(name)(
+        token_rewards=ro.token_rewards, values=ro.values, mask=mask, scores=ro.scores,
+        group_size=cfg.vapo.group_size, lam_policy=lam, lam_critic=cfg.vapo.lambda_critic, gamma=1.0)
+    metrics = {"vapo/lambda_policy_mean": float(lam.float().mean()), "vapo/lambda_policy_min": float(lam.min()),
+               "vapo/lambda_clamped_frac": float(clamped.float().mean()),
+               "vapo/advantage_mean": float(masked_mean(adv, mask)),
+               "vapo/advantage_std": float(masked_var(adv, mask).clamp(min=0).sqrt())}
+    if cfg.vapo.whiten_advantages and name != "grpo":
+        adv = masked_whiten(adv, mask) * mask
+    return replace(ro, advantages=adv.detach(), returns=None if ret is None else ret.detach()), metrics
+
+
+def monte_carlo_returns(ro: Rollout) -> Rollout:
+    """Critic targets with λ = 1, γ = 1 (value pretraining): the sequence reward at every valid token."""
+    _, ret = get_advantage_estimator("gae")(
+        token_rewards=ro.token_rewards, values=ro.values, mask=ro.response_mask, scores=ro.scores,
+        group_size=1, lam_policy=1.0, lam_critic=1.0, gamma=1.0)
+    return replace(ro, returns=ret.detach(), advantages=torch.zeros_like(ro.response_mask))

@@ -1,0 +1,178 @@
+"""The VAPO training recipe, top to bottom (SPEC §3, §5):
+
+  0. evaluate the starting policy on the held-out set
+  1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1)
+  2. per rollout step: sample prompts × group_size → reward → old log-probs / values → decoupled,
+     length-adaptive GAE → mini-batch updates (Clip-Higher token-level PG + positive NLL with replay + value
+     loss) → log → evaluate / checkpoint on their intervals
+  3. final evaluation, checkpoint and summary.json
+
+`stop_after` (tests) ends the loop after that many policy steps as if the worker were killed (no extra
+checkpoint). `should_stop()` is polled between rollout steps for a graceful stop (checkpoint, then exit).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from vapo_engine.algo import explained_variance, masked_mean
+from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
+from vapo_engine.runs import write_json_atomic
+
+from .advantages import add_advantages, monte_carlo_returns
+from .checkpoint import save_checkpoint
+from .evaluate import evaluate
+from .replay import replay_count
+from .setup import Trainer, build_trainer
+from .update import update_step
+
+
+def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
+          should_stop: Callable[[], bool] = lambda: False, on_record: Callable[[dict], None] = lambda r: None,
+          log=print) -> dict:
+    """Run (or resume) the training of `run_dir` to completion; returns the summary written to summary.json."""
+    run_dir = Path(run_dir)
+    tr = build_trainer(run_dir, resume=resume, log=log)
+    t0, status = time.time(), "succeeded"
+    try:
+        if tr.step == 0 and "start_eval" not in tr.history:
+            tr.history["start_eval"] = _evaluate(tr, on_record)
+        while tr.uses_critic and tr.pretrain_step < tr.cfg.vapo.value_pretrain_steps:
+            metrics = value_pretrain_step(tr)
+            on_record(tr.logger.log(tr.pretrain_step, "pretrain", metrics))
+        while tr.step < tr.cfg.training.total_steps:
+            before = tr.step
+            metrics = rollout_step(tr)
+            on_record(tr.logger.log(tr.step, "train", metrics))
+            _on_intervals(tr, before, on_record)
+            if stop_after is not None and tr.step >= stop_after:
+                return {"status": "interrupted", "step": tr.step}
+            if should_stop():
+                status = "stopped"
+                break
+        final = _evaluate(tr, on_record) if status == "succeeded" else tr.history.get("last_eval", {})
+        save_checkpoint(run_dir, tr.step, tr.models, tr.state_dict())
+        summary = _summary(tr, status, final, time.time() - t0)
+        write_json_atomic(run_dir / "summary.json", summary)
+        return summary
+    finally:
+        tr.logger.close()
+
+
+def value_pretrain_step(tr: Trainer) -> dict[str, float]:
+    """One critic-only update on fresh rollouts of the (unchanged) initial policy, λ = 1 targets."""
+    ro = monte_carlo_returns(_collect(tr))
+    ev = _explained_var("critic/pretrain_explained_var", ro)
+    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro, None, tr.spec, train_actor=False)
+    tr.sched_critic.step()
+    tr.pretrain_step += 1
+    return {"critic/pretrain_value_loss": m["critic/value_loss"], **ev,
+            "rollout/accuracy": float(ro.correct.float().mean())}
+
+
+def _explained_var(name: str, ro) -> dict[str, float]:
+    """EV of the old values vs the critic targets; omitted when undefined (targets without variance)."""
+    ev = float(explained_variance(ro.values, ro.returns, ro.response_mask))
+    return {name: ev} if math.isfinite(ev) else {}
+
+
+def rollout_step(tr: Trainer) -> dict[str, float]:
+    """sample → reward → values → advantages → updates; returns the step's metrics."""
+    t0 = time.perf_counter()
+    ro = _collect(tr)
+    ro, metrics = add_advantages(ro, tr.cfg)
+    metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size))
+    t1 = time.perf_counter()
+    updates = []
+    for _ in range(tr.cfg.training.ppo_epochs):
+        for idx in _minibatches(ro.size, tr.cfg.mini_batch_size):
+            if tr.step >= tr.cfg.training.total_steps:
+                break
+            updates.append(_one_update(tr, ro.rows(idx)))
+    tr.replay.add_correct(ro)
+    tr.rollout_step += 1
+    t2 = time.perf_counter()
+    metrics.update({k: sum(u[k] for u in updates) / len(updates) for k in updates[0]} if updates else {})
+    metrics.update({"vapo/replay_size": len(tr.replay), "actor/lr": tr.sched_actor.get_last_lr()[0],
+                    "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
+                    "perf/update_samples_per_s": ro.size * len(updates) / max(t2 - t1, 1e-9)})
+    if tr.sched_critic is not None:
+        metrics["critic/lr"] = tr.sched_critic.get_last_lr()[0]
+    return metrics
+
+
+def _collect(tr: Trainer):
+    cfg = tr.cfg
+    problems = [p for p in tr.task.train_batch(cfg.prompts_per_step, tr.rng) for _ in range(cfg.vapo.group_size)]
+    ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
+                        temperature=cfg.model.temperature, top_p=cfg.model.top_p)
+    return attach_old_outputs(tr.models, ro, cfg.micro_batch_size)
+
+
+def _one_update(tr: Trainer, mini) -> dict[str, float]:
+    replay = None
+    v = tr.cfg.vapo
+    if v.positive_replay and v.positive_lm_coef > 0:
+        n = replay_count(int(mini.correct.sum()), v.replay_ratio, len(tr.replay))
+        pairs = tr.replay.sample(n, tr.rng)
+        replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device) if pairs else None
+    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic)
+    tr.sched_actor.step()
+    if tr.sched_critic is not None:
+        tr.sched_critic.step()
+    tr.step += 1
+    m["vapo/positive_samples"] = float(mini.correct.sum())
+    m["vapo/replay_samples"] = float(replay.size if replay is not None else 0)
+    return m
+
+
+def _minibatches(n: int, size: int) -> list[torch.Tensor]:
+    perm = torch.randperm(n) if size < n else torch.arange(n)
+    return [perm[s:s + size] for s in range(0, n, size)]
+
+
+def _rollout_metrics(ro, group_size: int) -> dict[str, float]:
+    lengths = ro.lengths.float()
+    groups = ro.scores.view(-1, group_size)
+    out = {"rollout/reward_mean": float(ro.scores.mean()), "rollout/accuracy": float(ro.correct.float().mean()),
+           "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
+           "rollout/truncated_frac": float((ro.response_mask[:, -1] > 0).float().mean()),
+           "rollout/no_signal_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
+           "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
+           "actor/entropy": float(masked_mean(ro.entropy, ro.response_mask))}
+    if ro.values is not None and ro.returns is not None:
+        out.update(_explained_var("critic/explained_var", ro))
+        out["critic/value_mean"] = float(masked_mean(ro.values, ro.response_mask))
+        out["critic/return_mean"] = float(masked_mean(ro.returns, ro.response_mask))
+    return out
+
+
+def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
+    c = tr.cfg
+    m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
+                 samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
+                 temperature=c.model.temperature, top_p=c.model.top_p, seed=tr.info.seed + 7919 * tr.step)
+    on_record(tr.logger.log(tr.step, "eval", m))
+    tr.history["last_eval"] = m
+    return m
+
+
+def _on_intervals(tr: Trainer, before: int, on_record) -> None:
+    crossed = (lambda every: tr.step // every > before // every)
+    if crossed(tr.cfg.eval.eval_interval):
+        _evaluate(tr, on_record)
+    if crossed(tr.cfg.eval.save_interval):
+        save_checkpoint(tr.info.run_dir, tr.step, tr.models, tr.state_dict())
+
+
+def _summary(tr: Trainer, status: str, final: dict, seconds: float) -> dict:
+    start = tr.history.get("start_eval", {})
+    g0, g1 = start.get("eval/greedy_accuracy"), final.get("eval/greedy_accuracy")
+    return {"status": status, "run_id": tr.info.run_id, "steps": tr.step, "rollout_steps": tr.rollout_step,
+            "start_eval": start, "final_eval": final,
+            "greedy_accuracy_gain": None if g0 is None or g1 is None or math.isnan(g1 - g0) else g1 - g0,
+            "seconds": round(seconds, 1), "model": tr.models.source}

@@ -1,0 +1,106 @@
+"""Load the models of a run: policy, value model (scalar head on the same architecture), frozen reference.
+
+Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
+(built and cached on first use). The value model is `AutoModelForTokenClassification(num_labels=1)`
+initialised from the policy weights (or `model.value_path`), so it saves and loads as a plain HF directory.
+This file does not train anything.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer,
+                          PreTrainedModel)
+from transformers.utils import logging as hf_logging
+
+
+class ModelLoadError(ValueError):
+    """A model directory that cannot be used, with the fix."""
+
+
+@dataclass
+class Models:
+    policy: PreTrainedModel
+    value: PreTrainedModel | None
+    reference: PreTrainedModel | None
+    tokenizer: object
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    source: str
+
+    def autocast(self):
+        """bf16/fp16 autocast context where configured, else a no-op."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("training.device = \"cuda\" but CUDA is not available; set training.device = "
+                             "\"auto\" or \"cpu\"")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
+    """`auto` = bf16 autocast on CUDA devices that support it, none on CPU (fp32 keeps the tiny model exact)."""
+    if dtype == "float32":
+        return None
+    if dtype == "auto":
+        ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if ok else None
+    return torch.bfloat16 if dtype == "bfloat16" else torch.float16
+
+
+def resolve_model_path(local_path: str | None, log=print) -> Path:
+    """The directory to load: `local_path`, or the cached built-in tiny model (built on first use)."""
+    if local_path:
+        p = Path(local_path).expanduser()
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"model.local_path {str(p)!r} is not a Hugging Face model directory (no "
+                                 "config.json); point it at a folder made by save_pretrained, or unset it to "
+                                 "use the built-in tiny model")
+        return p
+    from .tiny_model import builtin_model_dir
+    return Path(builtin_model_dir(log=log))
+
+
+def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
+                reference_path: str | Path | None, device: torch.device,
+                autocast_dtype: torch.dtype | None) -> Models:
+    """Load tokenizer + policy from `path`, the value model from `value_path` (default `path`) when needed,
+    and a frozen reference from `reference_path` when given, all onto `device`."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load model from {str(path)!r}: {e}") from None
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    value = _load_value(Path(value_path) if value_path else path) if need_value else None
+    ref = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32) if reference_path else None
+    for m in (policy, value, ref):
+        if m is not None:  # eval mode throughout: no dropout, so old and new log-probs agree exactly
+            m.to(device).eval()
+    if ref is not None:
+        ref.requires_grad_(False)
+    return Models(policy, value, ref, tok, device, autocast_dtype, str(path))
+
+
+def _load_value(path: Path) -> PreTrainedModel:
+    try:
+        cfg = AutoConfig.from_pretrained(path, num_labels=1)
+        cfg.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot build a value model from {str(path)!r} ({e}); set model.value_path to "
+                             "a model whose architecture has a token-classification head, or use "
+                             "training.algorithm = \"grpo\" (no value model)") from None

@@ -1,0 +1,27 @@
+"""One readable line per metrics record, for terminals and worker logs."""
+from __future__ import annotations
+
+import sys
+
+
+def format_record(rec: dict, total_steps: int | None = None) -> str:
+    step = rec.get("step", 0)
+    kind = rec.get("kind")
+    if kind == "eval":
+        s = rec.get("eval/sampled_accuracy")
+        return (f"eval   step {step:>5}: greedy acc {rec.get('eval/greedy_accuracy', 0):.3f}"
+                + (f"  sampled acc {s:.3f}" if s is not None else "")
+                + f"  len {rec.get('eval/response_length', 0):.1f}")
+    if kind == "pretrain":
+        return (f"value-pretrain {step + 1:>3}: value loss {rec.get('critic/pretrain_value_loss', 0):.4f}  "
+                f"explained var {rec.get('critic/pretrain_explained_var', 0):+.3f}")
+    tot = f"/{total_steps}" if total_steps else ""
+    return (f"train  step {step:>5}{tot}: reward {rec.get('rollout/reward_mean', 0):.3f}  "
+            f"len {rec.get('rollout/response_length', 0):5.1f}  λ {rec.get('vapo/lambda_policy_mean', 0):.3f}  "
+            f"ev {rec.get('critic/explained_var', float('nan')):+.2f}  "
+            f"ent {rec.get('actor/entropy', 0):.3f}  {rec.get('perf/step_time_s', 0):.2f}s/step  "
+            f"{rec.get('rollout/tokens_per_s', 0):,.0f} tok/s")
+
+
+def print_record(rec: dict, total_steps: int | None = None) -> None:
+    print(format_record(rec, total_steps), file=sys.stdout, flush=True)

@@ -1,0 +1,52 @@
+"""Positive replay buffer: past correct (prompt, response) token-id pairs for the positive-example LM loss.
+
+Off-policy positives need no importance ratio in an NLL term (SPEC §2). FIFO with a fixed capacity; sampling
+uses the caller's `random.Random` so runs are reproducible; the whole buffer is part of a checkpoint.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import torch
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.items: deque[tuple[list[int], list[int]]] = deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add_correct(self, ro) -> int:
+        """Store the correct rows of a Rollout (prompt without padding, response up to its last valid token)."""
+        added = 0
+        p = ro.prompt_len
+        for i in torch.nonzero(ro.correct).squeeze(-1).tolist():
+            prompt = ro.input_ids[i, :p][ro.attention_mask[i, :p].bool()].tolist()
+            resp = ro.input_ids[i, p:][ro.response_mask[i].bool()].tolist()
+            if resp:
+                self.items.append((prompt, resp))
+                added += 1
+        return added
+
+    def sample(self, n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+        n = min(n, len(self.items))
+        return [self.items[i] for i in rng.sample(range(len(self.items)), n)] if n else []
+
+    def state_dict(self) -> dict:
+        return {"capacity": self.capacity, "items": [list(map(list, it)) for it in self.items]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.items = deque(((list(p), list(r)) for p, r in state["items"]), maxlen=self.capacity)
+
+
+def replay_count(n_positive: int, ratio: float, available: int) -> int:
+    """How many replayed samples make them a fraction `ratio` of the positive batch: n·r/(1 − r).
+    With no fresh positives the batch is filled from the buffer alone (ratio 1 in effect)."""
+    if ratio <= 0 or available == 0:
+        return 0
+    base = max(n_positive, 1)
+    want = base if ratio >= 1 else round(base * ratio / (1 - ratio))
+    return min(max(want, 1), available)

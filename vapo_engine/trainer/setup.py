@@ -1,0 +1,108 @@
+"""Build everything a run needs from its run directory: models, optimizers, schedules, tasks, replay,
+random streams and the metrics sink — fresh, or restored from the newest complete checkpoint.
+
+AdamW for actor and critic with warmup-then-constant learning rates (SPEC §3). The reference model is always
+the *initial* policy, also on resume. This file does not run the loop.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vapo_engine.config import TrainConfig
+from vapo_engine.runs import RunInfo, load_run
+from vapo_engine.tasks import get_task
+
+from .checkpoint import latest_checkpoint, load_trainer_state, restore_rng
+from .logger import MetricsLogger, NullLogger
+from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
+from .replay import ReplayBuffer
+from .update import UpdateSpec
+
+
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    info: RunInfo
+    models: Models
+    opt_actor: torch.optim.Optimizer
+    opt_critic: torch.optim.Optimizer | None
+    sched_actor: torch.optim.lr_scheduler.LRScheduler
+    sched_critic: torch.optim.lr_scheduler.LRScheduler | None
+    task: object
+    eval_task: object
+    replay: ReplayBuffer
+    rng: random.Random
+    logger: object
+    spec: UpdateSpec
+    step: int = 0
+    pretrain_step: int = 0
+    rollout_step: int = 0
+    history: dict = field(default_factory=dict)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.models.value is not None
+
+    def state_dict(self) -> dict:
+        from .checkpoint import rng_state
+        return {"step": self.step, "pretrain_step": self.pretrain_step, "rollout_step": self.rollout_step,
+                "opt_actor": self.opt_actor.state_dict(), "sched_actor": self.sched_actor.state_dict(),
+                "opt_critic": self.opt_critic.state_dict() if self.opt_critic else None,
+                "sched_critic": self.sched_critic.state_dict() if self.sched_critic else None,
+                "replay": self.replay.state_dict(), "rng": rng_state(self.rng), "history": self.history}
+
+
+def update_spec(cfg: TrainConfig) -> UpdateSpec:
+    v, t = cfg.vapo, cfg.training
+    return UpdateSpec(policy_loss="clip_higher", clip_low=t.clip_range, clip_high=max(v.clip_range_high, t.clip_range),
+                      dual_clip=v.dual_clip or None, reduction=v.reduction, positive_lm_coef=v.positive_lm_coef,
+                      kl_coef=t.kl_coef, value_clip=v.value_clip_range or None, max_grad_norm=t.max_grad_norm,
+                      micro_batch=cfg.micro_batch_size)
+
+
+def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+
+
+def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, log=print) -> Trainer:
+    """Everything for `run_dir`; with `resume`, weights and state come from the newest complete checkpoint."""
+    info, cfg = load_run(run_dir)
+    torch.manual_seed(info.seed)
+    base = resolve_model_path(cfg.model.local_path, log=log)
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    device = pick_device(cfg.training.device)
+    need_value = cfg.training.algorithm != "grpo"
+    value_src = (ckpt / "value") if ckpt else (cfg.model.value_path or base)
+    models = load_models(ckpt / "policy" if ckpt else base, value_path=value_src, need_value=need_value,
+                         reference_path=base if cfg.training.kl_coef > 0 else None, device=device,
+                         autocast_dtype=pick_autocast(cfg.model.dtype, device))
+    t = cfg.training
+    opt_a = torch.optim.AdamW(models.policy.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
+    opt_c = torch.optim.AdamW(models.value.parameters(), lr=cfg.vapo.value_learning_rate,
+                              weight_decay=t.weight_decay) if need_value else None
+    data_dir = Path(cfg.data.data_dir)
+    tr = Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
+                 _warmup_constant(opt_c, t.warmup_steps) if opt_c else None,
+                 get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir),
+                 ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
+                 MetricsLogger(Path(run_dir)) if write else NullLogger(), update_spec(cfg))
+    if ckpt is not None:
+        _restore(tr, load_trainer_state(ckpt))
+        log(f"resumed from {ckpt.name} (policy step {tr.step})")
+    return tr
+
+
+def _restore(tr: Trainer, st: dict) -> None:
+    tr.step, tr.pretrain_step, tr.rollout_step = st["step"], st["pretrain_step"], st["rollout_step"]
+    tr.opt_actor.load_state_dict(st["opt_actor"])
+    tr.sched_actor.load_state_dict(st["sched_actor"])
+    if tr.opt_critic is not None and st.get("opt_critic"):
+        tr.opt_critic.load_state_dict(st["opt_critic"])
+        tr.sched_critic.load_state_dict(st["sched_critic"])
+    tr.replay.load_state_dict(st["replay"])
+    tr.history = st.get("history", {})
+    restore_rng(st["rng"], tr.rng)

@@ -1,0 +1,116 @@
+"""Supervised warm-start: teacher-forced training on `prompt + reference_solution + EOS` of a built-in task.
+
+Recipe: fresh problems every step from `task.train_batch`, loss on response tokens only (prompt and padding
+labelled -100), AdamW with a short linear warmup, and every `eval_every` steps the greedy accuracy on a
+fixed validation draw; training stops as soon as that accuracy reaches the target band. The band is a
+*start* for RL, not a finished model: a weak start is fragile, a strong one leaves no room for RL to show.
+
+`evaluate` (accuracy of one response per problem through `rollout.generate`) is shared with the trainer.
+This file does not build or cache models (see `tiny_model.py`) and never sees JSONL sets (they have no
+reference solutions).
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable
+
+import torch
+
+from vapo_engine.rollout.generate import generate
+from vapo_engine.tasks import Problem
+
+
+def encode_sft_batch(tokenizer, prompts: list[str], responses: list[str]) -> dict[str, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask` and `labels` (-100 except response tokens and the EOS).
+
+    Prompt and response are tokenized separately, exactly as a rollout sees them (prompt tokens, then the
+    generated ones).
+    """
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad = eos if pad is None else pad
+    rows, label_rows = [], []
+    for prompt, response in zip(prompts, responses):
+        p = tokenizer(prompt)["input_ids"]
+        r = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
+        rows.append(p + r)
+        label_rows.append([-100] * len(p) + r)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, lab) in enumerate(zip(rows, label_rows)):
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        mask[i, : len(row)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def evaluate(model, tokenizer, task, problems: list[Problem], *, max_new_tokens: int, greedy: bool = True,
+             temperature: float = 1.0, batch_size: int | None = 256) -> float:
+    """Fraction of `problems` whose single response (greedy, or sampled at `temperature`) gets reward 1."""
+    if not problems:
+        return 0.0
+    gen = generate(model, tokenizer, [p.prompt for p in problems], max_new_tokens=max_new_tokens,
+                   temperature=temperature, do_sample=not greedy, batch_size=batch_size)
+    return sum(task.reward(text, p.answer) for text, p in zip(gen.texts, problems)) / len(problems)
+
+
+def _lr_lambda(warmup_steps: int) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
+
+
+def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float) -> float:
+    model.train()
+    batch = {k: v.to(model.device) for k, v in batch.items()}
+    loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.item())
+
+
+def sft_warm_start(model, tokenizer, task, *, max_steps: int = 600, batch_size: int = 64, lr: float = 3e-3,
+                   target_greedy: tuple[float, float] = (0.55, 0.75), eval_every: int = 25,
+                   val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
+                   max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
+                   log: Callable[[str], None] = print) -> dict:
+    """Train until the greedy validation accuracy reaches `target_greedy[0]` (or `max_steps`); return metrics.
+
+    Validation problems are a fixed draw from the *training* distribution (seeded), so the held-out split
+    stays untouched for RL evaluation. Landing above `target_greedy[1]` is reported (`in_band=False`), not
+    undone: pick `eval_every` small enough for the band.
+    """
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    val = task.train_batch(val_size, random.Random(seed + 1_000_003))
+    max_new = max_new_tokens or getattr(task, "max_new_tokens", None) or 64
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps))
+    t0, train_s, tokens, losses = time.perf_counter(), 0.0, 0, []
+    greedy, step, stop = 0.0, 0, "max_steps"
+    while step < max_steps:
+        problems = task.train_batch(batch_size, rng)
+        batch = encode_sft_batch(tokenizer, [p.prompt for p in problems],
+                                 [task.reference_solution(p) for p in problems])
+        ts = time.perf_counter()
+        losses.append(_train_step(model, optimizer, scheduler, batch, max_grad_norm))
+        train_s += time.perf_counter() - ts
+        tokens += int(batch["attention_mask"].sum())
+        step += 1
+        if step % eval_every == 0 or step == max_steps:
+            greedy = evaluate(model, tokenizer, task, val, max_new_tokens=max_new)
+            log(f"sft step {step}: loss {losses[-1]:.4f}  greedy acc {greedy:.3f}  ({time.perf_counter() - t0:.0f}s)")
+            if greedy >= target_greedy[0]:
+                stop = "target"
+                break
+    sampled = evaluate(model, tokenizer, task, val, max_new_tokens=max_new, greedy=False, temperature=1.0)
+    return {
+        "steps": step, "stop_reason": stop, "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None, "val_greedy_acc": greedy, "val_sampled_acc": sampled,
+        "in_band": target_greedy[0] <= greedy <= target_greedy[1], "target_greedy": list(target_greedy),
+        "train_tokens": tokens, "train_tokens_per_s": tokens / max(train_s, 1e-9),
+        "seconds": time.perf_counter() - t0, "losses": losses,
+    }
