@@ -1,0 +1,117 @@
+"""Run manager: state machine, multi-process-safe registry, detached workers, kill detection, resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.engine_helpers import FAST
+from vapo_engine.jobs import Registry, RunError, State
+from vapo_engine.jobs.states import InvalidTransition, check_transition
+
+
+def test_state_machine_terminal_states_are_final():
+    check_transition(State.QUEUED, State.RUNNING)
+    check_transition(State.RUNNING, State.SUCCEEDED)
+    for terminal in (State.SUCCEEDED, State.FAILED, State.STOPPED):
+        for new in State:
+            with pytest.raises(InvalidTransition):
+                check_transition(terminal, new)
+
+
+def test_registry_conditional_transitions(tmp_path):
+    reg = Registry(tmp_path)
+    reg.add("r1", "exp", ["a"], tmp_path / "r1")
+    assert not reg.transition("r1", State.SUCCEEDED)  # queued → succeeded is not allowed
+    assert reg.claim_queued(1)[0].run_id == "r1"
+    assert reg.transition("r1", State.FAILED, "boom")
+    assert not reg.transition("r1", State.SUCCEEDED)  # terminal stays terminal
+    assert reg.get("r1").state is State.FAILED and reg.get("r1").message == "boom"
+    assert [r.run_id for r in reg.list(tag="a")] == ["r1"] and reg.list(tag="b") == []
+
+
+def test_registry_claims_are_exclusive_across_processes(tmp_path):
+    reg = Registry(tmp_path)
+    for i in range(6):
+        reg.add(f"r{i}", "exp", [], tmp_path)
+    code = ("import sys, json; from vapo_engine.jobs import Registry\n"
+            f"print(json.dumps([r.run_id for r in Registry({str(tmp_path)!r}).claim_queued(2)]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    claimed = [rid for p in procs for rid in json.loads(p.communicate(timeout=60)[0])]
+    assert len(claimed) == 2 and len(set(claimed)) == 2  # 2 slots in total, never double-claimed
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from vapo_engine.trainer.tiny_model import make_model_dir
+    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
+
+
+@pytest.fixture
+def files(tmp_path, model_dir):
+    """config.toml + settings.json in a temp folder whose runs go to tmp_path/logs."""
+    from tools.paths import Files
+    s = json.loads((ROOT / "settings.json").read_text())
+    s["runtime"]["log_dir"] = str(tmp_path / "logs")
+    (tmp_path / "settings.json").write_text(json.dumps(s))
+    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
+    return Files(tmp_path / "config.toml", tmp_path / "settings.json")
+
+
+def _over(model_dir, *extra):
+    return [*FAST, f'model.local_path="{model_dir}"', *extra]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def test_start_poll_report_then_kill_and_resume(files, model_dir):
+    from tools.report import report_metrics
+    from tools.training import list_runs, resume_run, run_status, start_training
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.runs import runs_root
+    from vapo_engine.config import load_settings
+    mgr = RunManager(runs_root(load_settings(files.settings), files.settings))
+    started = start_training(files, preset="cpu-demo", overrides=_over(model_dir), tags=["t1"])
+    run_id = started.run.run_id
+    assert started.run.state in ("queued", "running") and "run_status" in started.poll
+    done = mgr.wait(run_id, timeout=240)
+    assert done.state is State.SUCCEEDED, run_status(files, run_id).log_tail
+    st = run_status(files, run_id)
+    assert st.run.step == 3 and st.run.total_steps == 3 and "eval/greedy_accuracy" in st.run.latest_eval
+    rep = report_metrics(files, run_id, cursor=0, limit=2)
+    assert rep.next_cursor == 2 and len(rep.series["rollout/reward_mean"]) == 2 and rep.plot_png
+    assert open(rep.plot_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert report_metrics(files, run_id, cursor=2, limit=2).next_cursor is None
+    assert [r.run_id for r in list_runs(files, tag="t1")] == [run_id]
+
+    # a longer run: kill its trainer process mid-way → failed with a resume path → resume finishes it
+    long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=40",
+                                                                     "eval.save_interval=2"))
+    rid = long.run.run_id
+    run_dir = mgr.get(rid).run_dir
+    deadline = time.time() + 180
+    while time.time() < deadline and not any((p / "DONE").exists() for p in (run_dir / "checkpoints").glob("s*")):
+        time.sleep(0.3)
+    runner = mgr.get(rid).pid
+    for child in _children(runner):
+        os.kill(child, signal.SIGKILL)
+    rec = mgr.wait(rid, timeout=60)
+    assert rec.state is State.FAILED and "killed by signal 9" in rec.message and "resume_run" in rec.message
+    resumed = resume_run(files, rid)
+    assert resumed.resumed_from == rid and resumed.run_id == f"{rid}-r1"
+    fin = mgr.wait(resumed.run_id, timeout=300)
+    assert fin.state is State.SUCCEEDED, run_status(files, resumed.run_id).log_tail
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
+    with pytest.raises(RunError, match="unknown run id"):
+        run_status(files, "nope")

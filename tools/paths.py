@@ -1,0 +1,38 @@
+"""Where the tools find config.toml / settings.json and the runs: explicit paths, else the environment
+(`VAPO_MCP_CONFIG`, `VAPO_MCP_SETTINGS`, set by `vapo-mcp serve --config/--settings`), else the working
+directory. One place, so every tool resolves the same files."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vapo_engine.config import Settings, load_settings
+from vapo_engine.jobs import RunManager
+from vapo_engine.runs import runs_root
+
+CONFIG_ENV, SETTINGS_ENV = "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"
+
+
+class ToolInputError(ValueError):
+    """A mistake in a tool's arguments that the caller can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class Files:
+    config: Path
+    settings: Path
+
+    @property
+    def dotenv(self) -> Path:
+        return self.settings.resolve().parent / ".env"
+
+
+def files(config: str | None = None, settings: str | None = None) -> Files:
+    return Files(Path(config or os.environ.get(CONFIG_ENV) or "config.toml"),
+                 Path(settings or os.environ.get(SETTINGS_ENV) or "settings.json"))
+
+
+def manager_for(f: Files, settings: Settings | None = None) -> tuple[RunManager, Settings]:
+    settings = settings or load_settings(f.settings)
+    return RunManager(runs_root(settings, f.settings)), settings

@@ -1,0 +1,149 @@
+"""Training jobs as agent operations: start, ablate, list, status, stop, resume. Plain functions returning
+pydantic models; no mcp, no torch. Long work never blocks: each call returns at once with a run id to poll.
+"""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from vapo_engine.config import TrainConfig, load_config, resolve_channel
+from vapo_engine.jobs import RunRecord
+from vapo_engine.jobs.runner import log_tail
+from vapo_engine.metrics import read_metrics
+from vapo_engine.runs import create_run, freeze_paths
+from vapo_engine.tasks import TaskError, get_task
+from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
+
+from .paths import Files, ToolInputError, manager_for
+
+
+class RunView(BaseModel):
+    run_id: str
+    state: str
+    message: str
+    experiment: str
+    tags: list[str]
+    run_dir: str
+    variant: str | None = None
+    group_id: str | None = None
+    resumed_from: str | None = None
+    step: int = Field(0, description="latest policy step with metrics")
+    total_steps: int | None = None
+    latest_eval: dict[str, float] = Field(default_factory=dict)
+
+
+class StartResult(BaseModel):
+    run: RunView
+    poll: str = Field(description="what to call next")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class AblationStart(BaseModel):
+    ablation_id: str
+    runs: list[RunView]
+    poll: str
+
+
+class RunStatus(BaseModel):
+    run: RunView
+    log_tail: str = Field(description="last lines of the worker log (bounded)")
+    next_steps: list[str]
+
+
+def _view(rec: RunRecord) -> RunView:
+    recs = read_metrics(rec.run_dir / "metrics.jsonl")
+    train = [r for r in recs if r.get("kind") == "train"]
+    evals = [r for r in recs if r.get("kind") == "eval"]
+    total = None
+    try:
+        import json
+        total = json.loads((rec.run_dir / "config.json").read_text())["training"]["total_steps"]
+    except (OSError, ValueError, KeyError):
+        pass
+    last_eval = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")}
+    return RunView(run_id=rec.run_id, state=rec.state.value, message=rec.message, experiment=rec.experiment,
+                   tags=list(rec.tags), run_dir=str(rec.run_dir), variant=rec.variant, group_id=rec.group_id,
+                   resumed_from=rec.resumed_from, step=train[-1]["step"] if train else 0, total_steps=total,
+                   latest_eval=last_eval)
+
+
+def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainConfig:
+    """Validate config + preset + overrides and the datasets they name (errors say what to fix)."""
+    cfg = freeze_paths(load_config(f.config, overrides, preset=preset), f.config.resolve().parent)
+    for spec in (cfg.data.train, cfg.eval.benchmark):
+        try:
+            get_task(spec, cfg.data.data_dir)
+        except TaskError as e:
+            raise ToolInputError(str(e)) from None
+    return cfg
+
+
+def start_training(f: Files, *, preset: str | None = None, overrides: list[str] = (), tags: list[str] = (),
+                   group_id: str | None = None, variant: str | None = None) -> StartResult:
+    cfg = prepare_config(f, preset, list(overrides))
+    mgr, settings = manager_for(f)
+    if tags:
+        exp = settings.experiment.model_copy(update={"tags": [*settings.experiment.tags, *tags]})
+        settings = settings.model_copy(update={"experiment": exp})
+    channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
+    info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=list(overrides),
+                      preset=preset, extra={"group_id": group_id, "variant": variant})
+    rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant)
+    return StartResult(run=_view(rec), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
+                       f"report_metrics(run_id='{info.run_id}')",
+                       warnings=[str(w) for w in warns if w.key != "api.api_key_env"])
+
+
+def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = None,
+           overrides: list[str] = ()) -> AblationStart:
+    names = list(variants or DEFAULT_ABLATION)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ToolInputError(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
+    if "vapo" not in names:
+        names.insert(0, "vapo")
+    base = prepare_config(f, preset, list(overrides))
+    ablation_id = "abl-" + secrets.token_hex(4)
+    runs = []
+    for name in names:
+        extra = VARIANTS[name].apply(base)
+        prepare_config(f, preset, [*overrides, *extra])  # fail before starting anything
+    for name in names:
+        res = start_training(f, preset=preset, overrides=[*overrides, *VARIANTS[name].apply(base)],
+                             tags=[ablation_id, name], group_id=ablation_id, variant=name)
+        runs.append(res.run)
+    return AblationStart(ablation_id=ablation_id, runs=runs, poll=f"report_metrics(run_id='{ablation_id}') "
+                         "returns the comparison table; runs execute one after another (queue)")
+
+
+def list_runs(f: Files, *, state: str | None = None, experiment: str | None = None, tag: str | None = None,
+              limit: int = 20) -> list[RunView]:
+    mgr, _ = manager_for(f)
+    mgr.tick()
+    return [_view(r) for r in mgr.registry.list(state=state, experiment=experiment, tag=tag, limit=limit)]
+
+
+def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
+    mgr, _ = manager_for(f)
+    mgr.tick()
+    rec = mgr.get(run_id)
+    nxt = {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
+           "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
+                       f"stop_run('{run_id}') to stop after a checkpoint"],
+           "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
+           "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
+           "stopped": [f"resume_run('{run_id}') to continue"]}[rec.state.value]
+    return RunStatus(run=_view(rec), log_tail=log_tail(Path(rec.run_dir) / "worker.log", log_lines),
+                     next_steps=nxt)
+
+
+def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
+    mgr, _ = manager_for(f)
+    return _view(mgr.stop(run_id, force=force))
+
+
+def resume_run(f: Files, run_id: str) -> RunView:
+    mgr, _ = manager_for(f)
+    return _view(mgr.resume(run_id))
