@@ -104,7 +104,8 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     @property
     def url(self) -> str:
@@ -235,3 +236,27 @@ def _handler(fake: FakeOpenAI):
             self.end_headers()
 
     return Handler
+
+
+CANARY = "sk-canary-7f3a9c1e5b2d4f6a8c0e2b4d6f8a1c3e"
+"""A key that must never appear in any result, log or CLI output."""
+
+
+def make_channel(base_url: str, key: str | None = CANARY, **kw: Any):
+    """A `Channel` for tests (no files): fast timeouts, 2 retries, models qwen-32b / qwen-14b."""
+    from vapo_engine.config import Channel, Secret
+    fields: dict[str, Any] = {"base_url": base_url, "base_url_source": "test", "api_key_env": "TEST_API_KEY",
+                              "key": Secret(key) if key is not None else None,
+                              "key_source": "environment variable TEST_API_KEY" if key is not None else "missing",
+                              "headers": {"Content-Type": "application/json", "X-Test-Header": "yes"},
+                              "reasoning_model": "qwen-32b", "fallback_model": "qwen-14b", "stream": False,
+                              "timeout_seconds": 2.0, "max_retries": 2}
+    fields.update(kw)
+    return Channel(**fields)
+
+
+def fast_policy(**kw: Any):
+    """A retry policy with millisecond backoff so retry tests stay fast."""
+    from vapo_engine.providers import RetryPolicy
+    return RetryPolicy(**{"max_retries": 2, "backoff_base": 0.01, "backoff_max": 0.05, "retry_after_cap": 2.0,
+                          **kw})

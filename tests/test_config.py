@@ -196,3 +196,13 @@ def test_cli_json_output(project, clean_env, capsys):
     data = json.loads(out)
     assert rc == 0 and data["ok"] and data["channel"]["key"].startswith("sk-…")
     assert not re.search(re.escape(CANARY_KEY), out)
+
+
+def test_key_pasted_as_env_name_is_redacted_in_errors(project):
+    p = project / "settings.json"
+    data = json.loads(p.read_text())
+    data["api"]["api_key_env"] = CANARY_KEY
+    p.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as ei:
+        load_settings(p)
+    assert CANARY_KEY not in str(ei.value) and "api.api_key_env" in str(ei.value)

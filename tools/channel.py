@@ -31,6 +31,7 @@ from vapo_engine.providers import (
     RetryPolicy,
     is_model_unavailable,
     normalize_base_url,
+    scrub,
 )
 
 from .channel_support import Progress, load_channel, report_progress
@@ -106,7 +107,7 @@ def _probe_err(name: str, url: str, e: ProviderError, t0: float) -> Probe:
 
 async def _models(client: ProviderClient, auth: bool) -> tuple[Probe, ModelList | None, ProviderError | None]:
     name = "GET /models" if auth else "GET /models (no key)"
-    url, t0 = client.base.endpoint("models"), time.perf_counter()
+    url, t0 = scrub(client.base.endpoint("models")), time.perf_counter()
     try:
         ms = await client.list_models(auth=auth, retry=auth)
         return _probe_ok(name, url, ms), ms, None
@@ -115,9 +116,9 @@ async def _models(client: ProviderClient, auth: bool) -> tuple[Probe, ModelList 
 
 
 async def _chat(client: ProviderClient, model: str, label: str) -> tuple[Probe, ProviderError | None]:
-    url, t0 = client.base.endpoint("chat/completions"), time.perf_counter()
+    url, t0 = scrub(client.base.endpoint("chat/completions")), time.perf_counter()
     try:
-        r = await client.chat(PROBE_PROMPT, model=model, max_tokens=16, temperature=0, stream=False)
+        r = await client.chat(PROBE_PROMPT, model=model, max_tokens=16, stream=False)
     except ProviderError as e:
         return _probe_err(label, url, e, t0), e
     text = (r.content or r.reasoning).strip().replace("\n", " ")[:60]
@@ -149,7 +150,7 @@ def _auth_enforced(probe: Probe | None) -> bool | None:
 
 def _base_report(channel: Channel) -> dict[str, Any]:
     pub = channel.public()
-    return {"base_url_raw": channel.base_url, "base_url_source": channel.base_url_source,
+    return {"base_url_raw": scrub(channel.base_url), "base_url_source": channel.base_url_source,
             "api_key_env": channel.api_key_env, "key": pub["key"], "key_source": channel.key_source}
 
 
@@ -248,7 +249,7 @@ def _assemble(channel: Channel, client: ProviderClient, probes: list[Probe], ms:
         summary = f"channel FAILED (http_code {main.http_code}): " + (top.title if top else main.error or "")
     return ChannelReport(
         ok=verdict != "failed", verdict=verdict, summary=summary[:600], fix=top.fix if top else None,
-        base_url=client.base.url, base_url_changes=client.base.changes, auth_enforced=auth_enforced,
+        base_url=scrub(client.base.url), base_url_changes=client.base.changes, auth_enforced=auth_enforced,
         models_count=len(ms.ids) if ms else None, models_sample=(ms.ids if ms else [])[:MAX_MODELS_SHOWN],
         models=models, probes=probes, http_code=main.http_code, latency_ms=main.latency_ms,
         rate_limit_headers=main.rate_limit_headers or probes[0].rate_limit_headers, diagnosis=diagnosis,
@@ -260,7 +261,7 @@ def _unusable_url(channel: Channel, env) -> ChannelReport:
     diagnosis = diagnose(ev)
     top = diagnosis.findings[0] if diagnosis.findings else None
     return ChannelReport(ok=False, verdict="failed", summary=f"base URL unusable: {ev.url.error if ev.url else ''}",
-                         fix=top.fix if top else None, base_url=channel.base_url, diagnosis=diagnosis,
+                         fix=top.fix if top else None, base_url=scrub(channel.base_url), diagnosis=diagnosis,
                          **_base_report(channel))
 
 

@@ -9,6 +9,7 @@ unavailable. A failure always says why: HTTP error, an error body in a 200, empt
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,8 +61,9 @@ def contains_answer(text: str, expected: str) -> bool:
     """Numbers match as numbers (80, 80.0, 80 km/h, \\boxed{80}; not 180 or 800); other text case-insensitively."""
     exp = expected.strip()
     if re.fullmatch(r"-?\d+(\.\d+)?", exp):
-        num = re.escape(exp.rstrip("0").rstrip(".") if "." in exp else exp)
-        return re.search(rf"(?<![\d.]){num}(?:\.0+)?(?![\d])", text.replace(",", "")) is not None
+        num = exp.rstrip("0").rstrip(".") if "." in exp else exp
+        tail = r"0*(?!\d)" if "." in num else r"(?:\.0+)?(?!\.?\d)"
+        return re.search(rf"(?<![\d.]){re.escape(num)}{tail}", text.replace(",", "")) is not None
     return exp.lower() in text.lower()
 
 
@@ -132,7 +134,8 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
     except ProviderError as e:
         out = _failed(channel, e, base, env)
     except ValueError as e:  # an unusable base URL
-        out = SmokeResult(passed=False, reason=f"cannot call the API: {safe_text(e, 300)}", **base)
+        out = SmokeResult(passed=False, reason=f"cannot call the API: {safe_text(e, 300)}",
+                          diagnosis=_diagnosis(channel, None, env), **base)
     else:
         out = _judged(channel, result, base)
     finally:
@@ -159,12 +162,16 @@ def _judged(channel: Channel, r: ChatResult, base: dict) -> SmokeResult:
         usage=r.usage, attempts=r.attempts, evidence=evidence, **{**base, "streamed": r.streamed})
 
 
-def _failed(channel: Channel, e: ProviderError, base: dict, env) -> SmokeResult:
-    import os
+def _diagnosis(channel: Channel, e: ProviderError | None, env) -> Diagnosis:
     fields: dict[str, Any] = channel_facts(channel, os.environ if env is None else env)
-    fields.update({k: v for k, v in error_facts(e).items() if v not in (None, {}, "")})
+    if e is not None:
+        fields.update({k: v for k, v in error_facts(e).items() if v not in (None, {}, "")})
     fields["inputs"] = ["channel", "smoke call"]
-    diagnosis = diagnose(Evidence(**fields))
+    return diagnose(Evidence(**fields))
+
+
+def _failed(channel: Channel, e: ProviderError, base: dict, env) -> SmokeResult:
+    diagnosis = _diagnosis(channel, e, env)
     top = diagnosis.findings[0] if diagnosis.findings else None
     reason = e.short() + (f" — {top.title}" if top else "")
     evidence = [*e.notes_[:3], *([e.gave_up] if e.gave_up else [])]

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, FieldProblem
+from .secrets import redact
 from .settings_model import Settings
 from .train_model import TrainConfig
 
@@ -152,6 +153,8 @@ def _issue(model: type[BaseModel], err: dict, file: str, overrides: dict) -> Con
         return ConfigIssue(src, key, "required key is missing", f"add {key}")
     field = _field(model, loc)
     shown = json.dumps(err.get("input"), default=str)
+    if any(w in loc[-1].lower() for w in ("key", "token", "secret", "header")):
+        shown = redact(str(err.get("input")))  # a pasted key must not reach the message
     allowed = _allowed(field, err)
     default = "" if field is None or field.default is None or callable(field.default_factory) \
         else f" (default {json.dumps(field.default, default=str)})"

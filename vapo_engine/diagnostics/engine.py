@@ -98,7 +98,8 @@ def evaluate(ev: Evidence, rules: list[Rule] | None = None, *, limit: int = 10) 
             if b_ok:
                 score += rule.boost
                 said += [s for s in b_said if s not in said]
-        evidence = [render(rule.evidence, ev), *dict.fromkeys(s[:MAX_TEXT] for s in said)][:8]
+        head = render(rule.evidence, ev)
+        evidence = [head, *dict.fromkeys(s[:MAX_TEXT] for s in said if s not in head)][:8]
         out.append(Finding(rule_id=rule.id, severity=rule.severity, category=rule.category,
                            title=render(rule.title, ev), cause=render(rule.cause, ev), evidence=evidence,
                            fix=render(rule.fix, ev), references=list(rule.references), score=float(score)))

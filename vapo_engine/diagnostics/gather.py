@@ -147,11 +147,11 @@ def _settings_facts(settings_path: Path, env: Mapping[str, str] | None, config_p
         try:
             config = load_config(config_path)
         except ConfigError as e:
-            facts["config_issues"] += [str(i) for i in e.issues]
+            facts["config_issues"] += [safe_text(i, 400) for i in e.issues]
     try:
         settings = load_settings(settings_path)
     except ConfigError as e:
-        facts["config_issues"] += [str(i) for i in e.issues]
+        facts["config_issues"] += [safe_text(i, 400) for i in e.issues]
         return facts
     channel, _ = resolve_channel(settings, config, env=env, dotenv_path=settings_path.resolve().parent / ".env",
                                  settings_file=str(settings_path))
@@ -201,7 +201,7 @@ def _config_only(cp: Path) -> list[str]:
     try:
         load_config(cp)
     except ConfigError as e:
-        return [str(i) for i in e.issues]
+        return [safe_text(i, 400) for i in e.issues]
     return []
 
 

@@ -151,7 +151,7 @@ def proxy_captures_loopback(ev: Evidence) -> str | None:
     if not p or not p.active:
         return None
     hosts = [ev.url.host] if ev.url and ev.url.loopback else []
-    if not hosts and re.search(r"127\.0\.0\.1|localhost", ev.text or ""):
+    if ev.url is None and re.search(r"127\.0\.0\.1|localhost", ev.text or ""):
         hosts = ["127.0.0.1", "localhost"]
     captured = [h for h in hosts if not p.bypasses(h)]
     if not captured:
@@ -256,13 +256,17 @@ def text_matches(ev: Evidence, pattern: str) -> str | None:
 
 
 def close_matches(name: str, candidates: list[str], n: int = 3) -> list[str]:
-    """Listed ids that look like `name` (case-insensitive, ignoring a vendor prefix like qwen/...)."""
-    low = {c.lower(): c for c in candidates}
-    tail = {c.lower().rsplit("/", 1)[-1]: c for c in candidates}
-    out = [tail[name.lower()]] if name.lower() in tail else []
-    out += [low[m] for m in difflib.get_close_matches(name.lower(), list(low), n=n, cutoff=0.6)]
-    out += [c for c in candidates if name.lower() in c.lower()]
-    return list(dict.fromkeys(c for c in out if c != name))[:n]
+    """Listed ids that look like `name`: same id under a vendor prefix (qwen/...), same family and size
+    (qwen-14b ~ qwen2.5-14b-instruct), then string similarity."""
+    low = name.lower()
+    tail = [c for c in candidates if c.lower().rsplit("/", 1)[-1] == low]
+    fam = re.match(r"[a-z]+", low)
+    size = re.search(r"(?<![a-z0-9.])(\d+(?:\.\d+)?[bm])(?![a-z0-9])", low)
+    same = [c for c in candidates if fam and size and c.lower().rsplit("/", 1)[-1].startswith(fam.group(0))
+            and re.search(rf"(?<![0-9.]){re.escape(size.group(1))}(?![a-z0-9])", c.lower())]
+    by_low = {c.lower(): c for c in candidates}
+    similar = [by_low[m] for m in difflib.get_close_matches(low, list(by_low), n=n, cutoff=0.6)]
+    return list(dict.fromkeys(c for c in tail + same + similar if c != name))[:n]
 
 
 # --- facts for templates --------------------------------------------------------------------------------

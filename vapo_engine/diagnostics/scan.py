@@ -30,7 +30,7 @@ _KEY_ASSIGN = re.compile(r"(?i)\b(api_?key|secret_?key|access_?token|auth_?token
                          r"([^\"'\s]{20,})[\"']")
 _FAKE = re.compile(r"(?i)x{4,}|\.{3}|\*{3}|your|example|dummy|canary|placeholder|test|fake|redacted|changeme|<|\{")
 _ENV_FIELD = re.compile(r"(?i)(api_?key_?env|key_?env|token_?env|env_?name)$")
-_KEYISH_NAME = re.compile(r"(?i)(api_?key|^key$|token|secret|authorization|bearer)")
+_KEYISH_NAME = re.compile(r"(?i)(api[_-]?key|^key$|token|secret|authorization|bearer)")
 _ENV_READERS = {"getenv", "get", "environ", "__getitem__"}
 
 

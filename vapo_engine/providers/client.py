@@ -36,7 +36,7 @@ from .errors import (
     status_error,
 )
 from .netclass import classify_network_text, exception_text
-from .redaction import safe_text
+from .redaction import safe_text, scrub
 from .retry import RetryPolicy, call_with_retry
 from .sse import read_stream
 from .urls import BaseURL, normalize_base_url
@@ -121,7 +121,7 @@ class ProviderClient:
 
     def __repr__(self) -> str:
         key = self._key.redacted if self._key else "<no key>"
-        return f"ProviderClient({self.base.url!r}, key={key})"
+        return f"ProviderClient({scrub(self.base.url)!r}, key={key})"
 
     async def __aenter__(self) -> Self:
         return self
@@ -167,7 +167,7 @@ class ProviderClient:
         headers = self._request_headers(auth)
         if accept_sse:
             headers["Accept"] = "text/event-stream"
-        kw = {"url": url, "model": model, "secrets": self._secrets}
+        kw = {"url": scrub(url), "model": model, "secrets": self._secrets}
         client = self._client()
         try:
             req = client.build_request(method, url, json=payload, headers=headers)
@@ -178,8 +178,6 @@ class ProviderClient:
         except httpx.HTTPError as e:
             text = exception_text(e)
             kind = "proxy" if isinstance(e, httpx.ProxyError) else classify_network_text(text) or "connect"
-            if kind == "tls_http":
-                kind = "tls"
             raise APIConnectionError(text, kind=kind, exc_type=type(e).__name__, **kw) from None
         if resp.status_code >= 300:
             try:
@@ -214,12 +212,12 @@ class ProviderClient:
                              rate_limit_headers=rate_limit_headers(resp.headers))
 
         policy = self.policy if retry else RetryPolicy(max_retries=0)
-        return await call_with_retry(once, policy, what=f"GET {url}")
+        return await call_with_retry(once, policy, what=f"GET {scrub(url)}")
 
     async def _json(self, resp: httpx.Response, url: str, model: str | None = None) -> Any:
         raw = await resp.aread()
         text = raw.decode("utf-8", "replace")
-        kw = {"url": url, "model": model, "secrets": self._secrets, "headers": resp.headers, "body": text}
+        kw = {"url": scrub(url), "model": model, "secrets": self._secrets, "headers": resp.headers, "body": text}
         try:
             data = resp.json()
         except ValueError:
@@ -250,7 +248,7 @@ class ProviderClient:
             async with self._limit:
                 return await self._chat_once(url, payload, model, stream, on_delta)
 
-        result = await call_with_retry(once, self.policy, what=f"POST {url} model={model}")
+        result = await call_with_retry(once, self.policy, what=f"POST {scrub(url)} model={model}")
         return result.model_copy(update={"attempts": calls, "elapsed_s": time.perf_counter() - start})
 
     async def _chat_once(self, url: str, payload: dict, model: str, stream: bool, on_delta) -> ChatResult:

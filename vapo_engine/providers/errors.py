@@ -3,7 +3,7 @@
 Hierarchy (the retry table in `retry.py` reads `kind` and `status`):
 
     ProviderError
-    ├── APIConnectionError      kind: dns | refused | tls | proxy | connect | protocol | proxy_config
+    ├── APIConnectionError      kind: dns | refused | tls | tls_http | proxy | proxy_config | unreachable | connect | protocol
     │   └── APITimeoutError     kind: timeout
     ├── APIStatusError          any non-2xx; subclasses by status:
     │   BadRequestError 400, AuthenticationError 401, PaymentRequiredError 402, PermissionDeniedError 403,

@@ -2,7 +2,7 @@
 
 | outcome                                         | retry? | wait                                              |
 |-------------------------------------------------|--------|---------------------------------------------------|
-| connection error (dns, refused, protocol, connect) | yes | exponential backoff with jitter                    |
+| connection error (dns, refused, unreachable, protocol) | yes | exponential backoff with jitter              |
 | timeout (connect / read / write / pool)          | yes    | backoff                                           |
 | broken SSE stream (dropped mid-way, no `[DONE]`) | yes    | backoff (the whole request is sent again)         |
 | TLS error, proxy misconfiguration                | no     | — (fails the same way every time)                 |
@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 NEVER_RETRY_STATUSES = frozenset({400, 401, 402, 403, 404, 422})
-RETRY_KINDS = frozenset({"dns", "refused", "connect", "protocol", "timeout", "stream_broken"})
+RETRY_KINDS = frozenset({"dns", "refused", "unreachable", "connect", "protocol", "timeout", "stream_broken"})
 
 
 @dataclass(frozen=True)

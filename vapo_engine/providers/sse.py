@@ -17,6 +17,7 @@ import httpx
 
 from .errorbody import parse_error_body
 from .errors import StreamError
+from .redaction import scrub
 
 MAX_CONTENT = 200_000
 
@@ -41,7 +42,7 @@ async def read_stream(resp: httpx.Response, *, secrets=(), url: str | None = Non
                       on_delta: Callable[[str], None] | None = None) -> StreamState:
     """Consume the SSE body of `resp`; raise `StreamError` when it is broken."""
     st, data_lines = StreamState(), []
-    kw = {"secrets": secrets, "url": url, "model": model, "headers": resp.headers}
+    kw = {"secrets": secrets, "url": scrub(url) if url else url, "model": model, "headers": resp.headers}
     try:
         async for line in resp.aiter_lines():
             line = line.rstrip("\r")

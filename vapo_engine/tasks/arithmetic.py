@@ -3,7 +3,7 @@
 Prompts are plain text with no chat template; a reference response writes the working step by step and
 ends with `;<answer>` (checked by exact match). Examples:
 
-    addition   "4785+397="   ->  "5+7=12,8+9+1=18,7+3+1=11,4+0+1=5;5182"
+    addition   "0047+0385="  ->  "7+5+0=2,4+8+1=3,0+3+1=4;432"
     multistep  "23*7+45-18=" ->  "23*7=161,161+45=206,206-18=188;188"
 
 Train and held-out problems come from the same generator but sit on opposite sides of a stable hash split
@@ -60,9 +60,10 @@ def _random_int(rng: random.Random, digits: int) -> int:
 
 
 def carry_chain(a: int, b: int) -> str:
-    """Digit-by-digit addition from the right, e.g. (4785, 397) -> '5+7=12,8+9+1=18,7+3+1=11,4+0+1=5'.
+    """Digit-by-digit addition from the right, e.g. (47, 385) -> '7+5+0=2,4+8+1=3,0+3+1=4'.
 
-    Each step is `x+y[+carry]=sum`; a missing digit of the shorter number is written as 0.
+    One fixed-width step `x+y+c=s` per digit of the longer operand (x, y the digits, 0 when missing; c the
+    carry in; s the sum digit); the last carry out shows up as the answer's leading digit.
     """
     sa, sb = str(a)[::-1], str(b)[::-1]
     steps, carry = [], 0
@@ -70,13 +71,18 @@ def carry_chain(a: int, b: int) -> str:
         x = int(sa[i]) if i < len(sa) else 0
         y = int(sb[i]) if i < len(sb) else 0
         total = x + y + carry
-        steps.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={total}")
+        steps.append(f"{x}+{y}+{carry}={total % 10}")
         carry = total // 10
     return ",".join(steps)
 
 
 class AdditionTask(ArithmeticTask):
-    """Multi-digit addition `a+b=` (each operand `min_digits`..`max_digits` digits) with a carry chain."""
+    """Addition of two numbers of `min_digits`..`max_digits` digits, written zero-padded to `max_digits`.
+
+    The zero padding gives every digit a fixed position in the prompt and every step a fixed width, which a
+    ~1M-parameter model learns within a minute; the number of steps still follows the real digit count, so
+    response lengths vary (2-4 steps).
+    """
 
     name = "builtin:addition"
 
@@ -84,14 +90,15 @@ class AdditionTask(ArithmeticTask):
         if not 1 <= min_digits <= max_digits <= 9:
             raise ValueError("need 1 <= min_digits <= max_digits <= 9")
         self.min_digits, self.max_digits = min_digits, max_digits
-        # Longest response (all carries): '9+9=18' + (d-1) x ',9+9+1=19' + ';' + d+1 answer digits, + EOS.
-        self.max_new_tokens = 10 * max_digits
+        # Longest response: d steps of 7 chars + (d-1) commas + ';' + (d+1) answer digits, plus the EOS token.
+        self.max_new_tokens = 9 * max_digits + 2
 
     def _make(self, rng: random.Random) -> tuple[str, Problem]:
         a = _random_int(rng, rng.randint(self.min_digits, self.max_digits))
         b = _random_int(rng, rng.randint(self.min_digits, self.max_digits))
         key = f"{min(a, b)}+{max(a, b)}"  # a+b and b+a are the same problem for the split
-        return key, Problem(id=f"add-{a}+{b}", prompt=f"{a}+{b}=", answer=str(a + b))
+        w = self.max_digits
+        return key, Problem(id=f"add-{a}+{b}", prompt=f"{a:0{w}d}+{b:0{w}d}=", answer=str(a + b))
 
     def solve(self, prompt: str) -> str:
         m = re.fullmatch(r"(\d+)\+(\d+)=", prompt)

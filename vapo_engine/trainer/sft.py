@@ -60,10 +60,12 @@ def _lr_lambda(warmup_steps: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
 
 
-def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float) -> float:
+def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float,
+                bf16: bool) -> float:
     model.train()
     batch = {k: v.to(model.device) for k, v in batch.items()}
-    loss = model(**batch).loss
+    with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = model(**batch).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -76,12 +78,13 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 600, batch_size: 
                    target_greedy: tuple[float, float] = (0.55, 0.75), eval_every: int = 25,
                    val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
                    max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
-                   log: Callable[[str], None] = print) -> dict:
+                   bf16: bool = True, log: Callable[[str], None] = print) -> dict:
     """Train until the greedy validation accuracy reaches `target_greedy[0]` (or `max_steps`); return metrics.
 
     Validation problems are a fixed draw from the *training* distribution (seeded), so the held-out split
     stays untouched for RL evaluation. Landing above `target_greedy[1]` is reported (`in_band=False`), not
-    undone: pick `eval_every` small enough for the band.
+    undone: pick `eval_every` small enough for the band. `bf16` runs the forward pass under bfloat16
+    autocast (weights and optimizer stay float32), ~1.4x faster on these CPUs.
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -96,7 +99,7 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 600, batch_size: 
         batch = encode_sft_batch(tokenizer, [p.prompt for p in problems],
                                  [task.reference_solution(p) for p in problems])
         ts = time.perf_counter()
-        losses.append(_train_step(model, optimizer, scheduler, batch, max_grad_norm))
+        losses.append(_train_step(model, optimizer, scheduler, batch, max_grad_norm, bf16))
         train_s += time.perf_counter() - ts
         tokens += int(batch["attention_mask"].sum())
         step += 1
