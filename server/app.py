@@ -1,0 +1,246 @@
+"""The MCP server: each tool is a thin, typed wrapper around a plain function in `tools/`.
+
+Inputs carry bounds and descriptions; results are pydantic models (bounded); agent-fixable errors become
+`ToolError` with the fix. Long work never blocks: training tools return a run id at once. Config and
+settings paths come from `vapo-mcp serve --config/--settings` (via the environment, see tools.paths).
+Imports no torch.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from tools import channel as channel_tools
+from tools import diagnose as diagnose_tools
+from tools import report as report_tools
+from tools import training
+from tools.paths import files, manager_for
+from vapo_engine.metrics import CATALOGUE
+from vapo_engine.variants import VARIANTS
+
+from .errors import agent_errors
+
+log = logging.getLogger("vapo_mcp.server")
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
+NETWORK = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=True)
+STARTS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True)
+
+RunId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             description="a run id from start_training / list_runs (or an ablation id abl-…)")]
+Overrides = Annotated[list[Annotated[str, Field(max_length=300)]], Field(
+    max_length=50, description="config.toml overrides as 'section.key=value', e.g. 'vapo.alpha=0.8'")]
+
+
+class RunList(BaseModel):
+    runs: list[training.RunView]
+
+
+class Report(BaseModel):
+    """One of the two is set: a run's metrics, or an ablation's comparison table."""
+    run: report_tools.MetricsReport | None = None
+    ablation: report_tools.AblationReport | None = None
+
+
+@asynccontextmanager
+async def lifespan(server: MCPServer):
+    """Recovery on start: mark runs whose worker died while no server was watching."""
+    try:
+        mgr, _ = manager_for(files())
+        failed = await anyio.to_thread.run_sync(mgr.recover)
+        if failed:
+            log.warning("marked %d dead run(s) as failed: %s", len(failed), failed)
+    except Exception as e:  # noqa: BLE001 - a bad settings file must not stop the server; tools report it
+        log.warning("run recovery skipped: %s", e)
+    yield {}
+
+
+def build_server() -> MCPServer:
+    mcp = MCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan)
+    _channel_tools(mcp)
+    _training_tools(mcp)
+    _run_tools(mcp)
+
+    @mcp.custom_route("/health", methods=["GET"])
+    async def health(request):
+        from starlette.responses import JSONResponse
+        return JSONResponse({"status": "ok", "tools": len(await mcp.list_tools())})
+    return mcp
+
+
+INSTRUCTIONS = ("Check an OpenAI-compatible API channel (check_channel, smoke_test), diagnose errors "
+                "(diagnose_error), and run/ablate/monitor VAPO RL training on local hardware (start_training, "
+                "ablate, run_status, report_metrics, list_runs, stop_run, resume_run). Training calls return a "
+                "run id at once; poll run_status.")
+
+
+def _channel_tools(mcp: MCPServer) -> None:
+    @mcp.tool(annotations=NETWORK)
+    @agent_errors
+    async def check_channel(
+        probe_chat: Annotated[bool, Field(description="also send a 1-token chat completion")] = True,
+    ) -> channel_tools.ChannelReport:
+        """Verify the configured API channel: effective base URL and key source (redacted), GET /models with
+        and without the key, whether the reasoning/fallback models exist, a tiny chat completion, latency,
+        rate-limit headers, and a diagnosis with the fix. Use first when any API call fails."""
+        f = files()
+        return await channel_tools.check_channel(settings_path=f.settings, config_path=f.config,
+                                                 probe_chat=probe_chat)
+
+    @mcp.tool(annotations=NETWORK)
+    @agent_errors
+    async def smoke_test(
+        ctx: Context,
+        prompt: Annotated[str | None, Field(max_length=4000, description="question; default: the 240 km / 3 h "
+                                                                           "train question")] = None,
+        expected: Annotated[str | None, Field(max_length=200, description="text the answer must contain")] = None,
+        model: Annotated[str | None, Field(max_length=200, description="model id; default models.reasoning")] = None,
+        stream: Annotated[bool | None, Field(description="SSE streaming; default runtime.stream")] = None,
+    ) -> channel_tools.SmokeResult:
+        """Ask a reasoning question with a known answer through the channel (falls back to the fallback
+        model when the reasoning model is unavailable) and judge it: pass/fail with status, model used,
+        answer excerpt, latency and usage. A 200 with an error body, empty choices or a wrong answer fails."""
+        f = files()
+        return await channel_tools.smoke_test(settings_path=f.settings, config_path=f.config, prompt=prompt,
+                                              expect=expected, model=model, stream=stream,
+                                              on_progress=lambda p, m: ctx.report_progress(p, 1.0, m))
+
+    @mcp.tool(annotations=READ_ONLY)
+    @agent_errors
+    async def diagnose_error(
+        status: Annotated[int | None, Field(ge=100, le=599, description="HTTP status code")] = None,
+        body: Annotated[str | dict | list | None, Field(description="error response body (text or JSON)")] = None,
+        headers: Annotated[dict[str, str] | None, Field(description="response headers")] = None,
+        text: Annotated[str | None, Field(max_length=200_000, description="exception, traceback or log text")] = None,
+        log_path: Annotated[str | None, Field(max_length=1000, description="a log file to read")] = None,
+        code_path: Annotated[str | None, Field(max_length=1000, description="file/folder of Python code to scan "
+                                                                              "for key bugs")] = None,
+        run_id: Annotated[str | None, Field(max_length=80, description="a training run to examine")] = None,
+        check_config: Annotated[bool, Field(description="also examine settings.json/config.toml")] = True,
+    ) -> diagnose_tools.Diagnosis:
+        """Explain a failure: ranked findings (cause, evidence, fix) from any mix of an HTTP status, error
+        body, headers, traceback/log text, config files, a code path, or a run id (training symptoms:
+        oscillation, length not growing, value/entropy collapse, NaN, λ collapsed by a small α, paper
+        mismatch). Use after any error or when a run looks wrong."""
+        f = files()
+        run_dir = None
+        if run_id:
+            mgr, _ = manager_for(f)
+            run_dir = mgr.get(run_id).run_dir
+        kwargs = {"run_dir": run_dir} if run_dir is not None else {}
+        if body is not None and not isinstance(body, str):
+            body = json.dumps(body)  # the SDK hands JSON text over already parsed
+        body = body[:100_000] if body else body
+        return await anyio.to_thread.run_sync(lambda: diagnose_tools.diagnose_error(
+            status=status, body=body, headers=headers, text=text, log_path=log_path, code_path=code_path,
+            settings_path=f.settings if check_config else None, config_path=f.config if check_config else None,
+            **kwargs))
+
+
+def _training_tools(mcp: MCPServer) -> None:
+    @mcp.tool(annotations=STARTS)
+    @agent_errors
+    async def start_training(
+        preset: Annotated[str | None, Field(max_length=200, description="'cpu-demo' (built-in tiny model, ~3 min "
+                                                                          "on a CPU) or a .toml of overrides")] = None,
+        overrides: Overrides = [],
+        tags: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = [],
+    ) -> training.StartResult:
+        """Validate config.toml + preset + overrides (errors name the key and the fix), then start a VAPO run
+        in a detached worker that survives this server. Returns the run id at once; poll run_status."""
+        f = files()
+        return await anyio.to_thread.run_sync(lambda: training.start_training(
+            f, preset=preset, overrides=list(overrides), tags=list(tags)))
+
+    @mcp.tool(annotations=STARTS)
+    @agent_errors
+    async def ablate(
+        variants: Annotated[list[Literal[tuple(VARIANTS)]] | None, Field(  # type: ignore[valid-type]
+            max_length=len(VARIANTS), description="variants to run (default: full VAPO, every 'w/o X', PPO, "
+                                                  "GRPO); full VAPO is always included")] = None,
+        preset: Annotated[str | None, Field(max_length=200, description="e.g. 'cpu-demo'")] = None,
+        overrides: Overrides = [],
+    ) -> training.AblationStart:
+        """Run full VAPO and 'w/o X' variants (and PPO/GRPO baselines) with the same budget and seed, one after
+        another. Returns an ablation id; report_metrics(ablation id) gives the comparison table and plot."""
+        f = files()
+        return await anyio.to_thread.run_sync(lambda: training.ablate(
+            f, variants=list(variants) if variants else None, preset=preset, overrides=list(overrides)))
+
+    @mcp.tool(annotations=READ_ONLY)
+    @agent_errors
+    async def report_metrics(
+        run_id: RunId,
+        names: Annotated[list[Literal[tuple(CATALOGUE)]] | None, Field(  # type: ignore[valid-type]
+            max_length=20, description="metric names (default: reward, length, explained var, λ, entropy, "
+                                       "pg loss)")] = None,
+        cursor: Annotated[int, Field(ge=0, description="series start index; use next_cursor")] = 0,
+        limit: Annotated[int, Field(ge=1, le=500, description="series points per call")] = 200,
+        plot: Annotated[bool, Field(description="attach a PNG plot")] = True,
+    ) -> Annotated[CallToolResult, Report]:
+        """A run's latest metrics, trends (is length growing? reward stable? explained variance?), a bounded
+        series with a continuation cursor and a PNG plot; for an ablation id, the comparison table + plot."""
+        f = files()
+        res = await anyio.to_thread.run_sync(lambda: report_tools.report_metrics(
+            f, run_id, names=list(names) if names else None, cursor=cursor, limit=limit, plot=plot))
+        rep = Report(ablation=res) if isinstance(res, report_tools.AblationReport) else Report(run=res)
+        return _with_image(rep, res.plot_png)
+
+
+def _with_image(rep: Report, png: str | None) -> CallToolResult:
+    data = rep.model_dump(mode="json")
+    content = [TextContent(type="text", text=json.dumps(data))]
+    if png and Path(png).is_file():
+        content.append(ImageContent(type="image", mime_type="image/png",
+                                    data=base64.b64encode(Path(png).read_bytes()).decode()))
+    return CallToolResult(content=content, structured_content=data)
+
+
+def _run_tools(mcp: MCPServer) -> None:
+    @mcp.tool(annotations=READ_ONLY)
+    @agent_errors
+    async def list_runs(
+        state: Annotated[Literal["queued", "running", "succeeded", "failed", "stopped"] | None,
+                         Field(description="filter by state")] = None,
+        experiment: Annotated[str | None, Field(max_length=100)] = None,
+        tag: Annotated[str | None, Field(max_length=64)] = None,
+        limit: Annotated[int, Field(ge=1, le=200)] = 20,
+    ) -> RunList:
+        """Runs newest first, with state, progress and latest held-out accuracy; filter by state/experiment/tag."""
+        f = files()
+        return RunList(runs=await anyio.to_thread.run_sync(lambda: training.list_runs(
+            f, state=state, experiment=experiment, tag=tag, limit=limit)))
+
+    @mcp.tool(annotations=READ_ONLY)
+    @agent_errors
+    async def run_status(run_id: RunId,
+                         log_lines: Annotated[int, Field(ge=0, le=200)] = 20) -> training.RunStatus:
+        """State (queued/running/succeeded/failed/stopped) with its message, step/total, latest evaluation, the
+        worker log tail and what to do next. Poll this after start_training."""
+        f = files()
+        return await anyio.to_thread.run_sync(lambda: training.run_status(f, run_id, log_lines=log_lines))
+
+    @mcp.tool(annotations=DESTRUCTIVE)
+    @agent_errors
+    async def stop_run(run_id: RunId,
+                       force: Annotated[bool, Field(description="SIGKILL at once instead of a graceful stop "
+                                                                "after a checkpoint")] = False) -> training.RunView:
+        """Stop a queued or running run (graceful: it checkpoints first, so resume_run can continue it)."""
+        f = files()
+        return await anyio.to_thread.run_sync(lambda: training.stop_run(f, run_id, force=force))
+
+    @mcp.tool(annotations=STARTS)
+    @agent_errors
+    async def resume_run(run_id: RunId) -> training.RunView:
+        """Continue a failed or stopped run from its newest checkpoint (a new run id in the same directory)."""
+        f = files()
+        return await anyio.to_thread.run_sync(lambda: training.resume_run(f, run_id))
