@@ -1,9 +1,11 @@
 """`diagnose_error`: ranked findings (cause, evidence, fix) from whatever the user has (SPEC §4).
 
 Inputs, all optional: an HTTP status, an error body, response headers, exception/traceback/log text (or a log
-file), settings.json / config.toml, a code path to scan, a base URL and model id. They are turned into one
-scrubbed `Evidence` (vapo_engine.diagnostics.gather) and evaluated against the knowledge base
-(`vapo_engine/diagnostics/rules_*.json`). Training-metric evidence (a run id) joins with the engine issues.
+file), settings.json / config.toml, a code path to scan, a base URL and model id, and a training run directory
+(its config.json, metrics.jsonl, summary.json and worker.log tail; the MCP layer resolves run ids to run dirs).
+They are turned into one scrubbed `Evidence` (vapo_engine.diagnostics.gather) and evaluated against the
+knowledge base (`vapo_engine/diagnostics/rules_*.json`): HTTP, config, code and training-metric rules are
+ranked together.
 """
 from __future__ import annotations
 
@@ -33,9 +35,12 @@ def diagnose_error(*, status: int | None = None, body: str | None = None,
                    log_path: str | Path | None = None, settings_path: str | Path | None = None,
                    config_path: str | Path | None = None, code_path: str | Path | None = None,
                    base_url: str | None = None, model: str | None = None, history: list[int] | None = None,
-                   env: Mapping[str, str] | None = None, limit: int = 10) -> Diagnosis:
-    """Diagnose an API/config/code problem. Raises `ValueError` for unusable arguments (bad status, missing
-    log file, malformed header); problems *in* the files are findings, not exceptions."""
+                   env: Mapping[str, str] | None = None, run_dir: str | Path | None = None,
+                   limit: int = 10) -> Diagnosis:
+    """Diagnose an API/config/code problem or a training run. Raises `ValueError` for unusable arguments (bad
+    status, missing log file, malformed header, a `run_dir` that is not a run directory); problems *in* the
+    files are findings, not exceptions. With `run_dir`, the worker.log tail is analysed like `text` too, and
+    `text` is also read as the question (e.g. "why doesn't my AIME score match the paper?")."""
     if status is not None and not 100 <= int(status) <= 599:
         raise ValueError(f"status {status} is not an HTTP status code (100-599)")
     if not 1 <= limit <= 50:
@@ -44,7 +49,7 @@ def diagnose_error(*, status: int | None = None, body: str | None = None,
         text = "\n".join(t for t in (text, _read_log(log_path)) if t)
     ev = gather_evidence(status=status, body=body, headers=headers, text=text, settings_path=settings_path,
                          config_path=config_path, code_path=code_path, env=env, model=model, base_url=base_url,
-                         history=history)
+                         history=history, run_dir=run_dir)
     return diagnose(ev, limit=limit)
 
 

@@ -25,8 +25,8 @@ from .gather import channel_facts, error_facts, gather_evidence, parse_headers, 
 from .predicates import FACTS, PREDICATES, close_matches, fact, predicate
 from .rules import Rule, RuleFileError, load_rules, parse_rule_file
 
-PREDICATE_MODULES: list[str] = []
-"""Extra predicate modules (e.g. "vapo_engine.diagnostics.predicates_training") imported at package import."""
+PREDICATE_MODULES: list[str] = ["vapo_engine.diagnostics.training"]
+"""Extra predicate modules imported at package import (training: rules over a run directory)."""
 for _mod in PREDICATE_MODULES:
     import_module(_mod)
 

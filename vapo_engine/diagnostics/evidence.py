@@ -7,6 +7,7 @@ their predicates know, or become new fields here.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -164,3 +165,56 @@ def proxy_facts(env: Mapping[str, str]) -> ProxyFacts:
     hosts = [h.strip() for h in no_proxy.split(",") if h.strip()]
     return ProxyFacts(variables=found, no_proxy=hosts,
                       socks=any(v.lower().startswith("socks") for v in found.values()))
+
+
+RUN_METRIC_KINDS = ("train", "eval", "pretrain")
+MAX_RUN_RECORDS = 50_000
+_NONFINITE = {"nan", "-nan", "inf", "-inf", "+inf", "infinity", "-infinity"}
+
+
+def pack_metrics(records: list[dict]) -> dict[str, Any]:
+    """A run's metrics.jsonl records → `{"train" | "eval" | "pretrain": {name: [[step, value], ...]},
+    "nonfinite": [{"step", "kind", "name", "value"}, ...] (first 50), "nonfinite_count", "records"}`.
+    Non-finite values (written as "nan"/"inf" strings) are listed apart, never put into a series."""
+    if len(records) > MAX_RUN_RECORDS:
+        records = records[:MAX_RUN_RECORDS // 10] + records[-(MAX_RUN_RECORDS - MAX_RUN_RECORDS // 10):]
+    out: dict[str, Any] = {**{k: {} for k in RUN_METRIC_KINDS}, "nonfinite": [], "nonfinite_count": 0,
+                           "records": len(records)}
+    for rec in records:
+        kind = rec.get("kind") if rec.get("kind") in RUN_METRIC_KINDS else "train"
+        step = rec.get("step") if isinstance(rec.get("step"), int) else 0
+        for name, value in rec.items():
+            if name in ("step", "kind", "time") or isinstance(value, bool):
+                continue
+            if (isinstance(value, str) and value.strip().lower() in _NONFINITE) or \
+                    (isinstance(value, float) and not math.isfinite(value)):
+                out["nonfinite_count"] += 1
+                if len(out["nonfinite"]) < 50:
+                    out["nonfinite"].append({"step": step, "kind": kind, "name": name, "value": str(value)})
+            elif isinstance(value, (int, float)):
+                out[kind].setdefault(name, []).append([step, float(value)])
+    return out
+
+
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                  r"DefaultCPUAllocator: can't allocate memory|\bout of memory\b", re.IGNORECASE)
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
+_KILLED = re.compile(r"^\s*Killed\b|SIGKILL|Signal 9\b|exit ?code\s*:?\s*-9\b", re.IGNORECASE)
+_PROGRESS = re.compile(r"^(train|eval)\s+step\s+\d+|^value-pretrain\s+\d+")
+
+
+def crash_facts(log_tail: str) -> dict[str, str] | None:
+    """`{"kind": "oom" | "killed" | "traceback", "line": ...}` when a worker log *ends* in a crash: a kill
+    message as its last line, or a traceback with no training progress printed after it."""
+    lines = [ln.rstrip() for ln in (log_tail or "").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    if _KILLED.search(lines[-1]):
+        return {"kind": "killed", "line": lines[-1].strip()}
+    starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("Traceback (most recent call last)")]
+    if not starts or any(_PROGRESS.match(ln) for ln in lines[starts[-1]:]):
+        return None
+    after = lines[starts[-1]:]
+    exc = [ln for ln in after if _EXC_LINE.match(ln)]
+    kind = "oom" if any(_OOM.search(ln) for ln in after) else "traceback"
+    return {"kind": kind, "line": (exc[-1] if exc else after[-1]).strip()}

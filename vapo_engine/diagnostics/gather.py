@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_engine.config import BASE_URL_ENV, Channel, ConfigError, load_config, load_settings, resolve_channel
+from vapo_engine.metrics import read_metrics
 from vapo_engine.providers import (
     APIConnectionError,
     ProviderError,
@@ -23,10 +24,11 @@ from vapo_engine.providers import (
     scrub,
 )
 
-from .evidence import ENV_NAME, Evidence, key_facts, proxy_facts, url_facts
+from .evidence import ENV_NAME, Evidence, crash_facts, key_facts, pack_metrics, proxy_facts, url_facts
 from .scan import dotenv_status, scan_code
 
 MAX_BODY, MAX_TEXT = 4000, 8000
+RUN_LOG_LINES, RUN_LOG_CHARS = 200, 24_000
 _STATUS_PATTERNS = re.compile(
     r"Error code: (\d{3})|status[_ ]?code[\"']?\s*[=:]\s*(\d{3})|HTTP/\d(?:\.\d)?\"? (\d{3})|\bHTTP (\d{3})\b|"
     r"(?:Client|Server) error '(\d{3})|\b(\d{3}) (?:Unauthorized|Forbidden|Not Found|Too Many Requests|"
@@ -165,9 +167,11 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
                     settings_path: str | Path | None = None, config_path: str | Path | None = None,
                     code_path: str | Path | None = None, env: Mapping[str, str] | None = None,
                     model: str | None = None, base_url: str | None = None, history: list[int] | None = None,
-                    error: ProviderError | None = None, channel: Channel | None = None) -> Evidence:
-    """Everything given, as one scrubbed `Evidence`. Missing files become config issues, not exceptions."""
-    fields: dict[str, Any] = {"inputs": []}
+                    error: ProviderError | None = None, channel: Channel | None = None,
+                    run_dir: str | Path | None = None) -> Evidence:
+    """Everything given, as one scrubbed `Evidence`. Missing files become config issues, not exceptions;
+    a `run_dir` that is not a run directory raises `ValueError`."""
+    fields: dict[str, Any] = {"inputs": [], "extra": {}}
     secrets: list = []
     if settings_path is not None or config_path is not None:
         sp = Path(settings_path) if settings_path is not None else None
@@ -183,6 +187,12 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
         secrets = [channel.key] if channel.key else []
         fields["inputs"].append("channel")
     if text:
+        fields["extra"]["question"] = safe_text(text, 2000, secrets)
+    if config_path is not None and (cfg := _config_dump(Path(config_path))) is not None:
+        fields["extra"]["config"] = cfg
+    if run_dir is not None:
+        text = _add_run(fields, run_dir, text, secrets)
+    if text:
         fields.update({k: v for k, v in text_facts(text, secrets).items() if v is not None})
         fields["inputs"].append("log/traceback text")
     if error is not None:
@@ -195,6 +205,70 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
     if "proxy" not in fields:
         fields["proxy"] = proxy_facts(os.environ if env is None else env)
     return Evidence(**fields)
+
+
+def _config_dump(cp: Path) -> dict | None:
+    try:
+        return load_config(cp).model_dump(mode="json")
+    except (ConfigError, OSError, ValueError):
+        return None
+
+
+def _add_run(fields: dict, run_dir: str | Path, text: str | None, secrets: list) -> str | None:
+    """Put a run's facts into `extra` (its config.json wins over config_path) and return the text to analyse:
+    the worker.log tail followed by the user's own text (so the existing log/traceback rules see both)."""
+    run = run_facts(run_dir, secrets)
+    fields["extra"].update({k: v for k, v in run.items() if v is not None})
+    tail = run["run"]["log_tail"]
+    files = [n for n in ("config.json", "summary.json", "worker.log") if run["run"]["files"].get(n)]
+    fields["inputs"].append(f"run directory ({run['metrics']['records']} metric records"
+                            + "".join(f", {n}" for n in files) + ")")
+    return "\n".join(t for t in (tail, text) if t) or None
+
+
+def run_facts(run_dir: str | Path, secrets=()) -> dict[str, Any]:
+    """`Evidence.extra` entries of a training run directory: `config` (config.json), `metrics` (metrics.jsonl,
+    packed), `run` (id, summary.json, bounded worker.log tail, crash, checkpoint steps). Raises `ValueError`
+    when `run_dir` is missing or holds none of the files a run directory has."""
+    p = Path(run_dir).expanduser()
+    if not p.is_dir():
+        raise ValueError(f"run directory {str(p)!r} not found: pass the directory of a run "
+                         "(<runtime.log_dir>/<experiment>/<run id>, the run_dir start_training returned)")
+    names = ("run.json", "config.json", "summary.json", "metrics.jsonl", "worker.log")
+    present = {n: (p / n).is_file() for n in names}
+    if not any(present[n] for n in ("run.json", "config.json", "metrics.jsonl")):
+        raise ValueError(f"{str(p)!r} is not a run directory: it has no run.json, config.json or metrics.jsonl")
+    meta, summary, config = (_json_file(p / n) for n in ("run.json", "summary.json", "config.json"))
+    present["summary.json"], present["config.json"] = summary is not None, config is not None  # readable
+    tail = safe_text(_tail(p / "worker.log"), RUN_LOG_CHARS, secrets)
+    finished = summary is not None and summary.get("status") == "succeeded"
+    steps = sorted(int(c.name.split("-")[1]) for c in (p / "checkpoints").glob("step-*")
+                   if (c / "DONE").is_file() and c.name.split("-")[1].isdigit())
+    run_id = meta.get("run_id") if meta is not None else None
+    return {"config": config,
+            "metrics": pack_metrics(read_metrics(p / "metrics.jsonl")),
+            "run": {"dir": str(p), "run_id": run_id or p.name, "summary": summary, "log_tail": tail,
+                    "crash": None if finished else crash_facts(tail), "checkpoints": steps, "files": present}}
+
+
+def _json_file(path: Path) -> dict | None:
+    """A JSON object file, or None when missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path, lines: int = RUN_LOG_LINES, max_bytes: int = 256_000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])[-RUN_LOG_CHARS:]
 
 
 def _config_only(cp: Path) -> list[str]:

@@ -58,7 +58,7 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, do_s
                      pad: int, eos: list[int]) -> GenerationConfig:
     greedy = not do_sample or temperature <= 0
     # top_k=0 explicitly: otherwise transformers' global default (top_k=50) would truncate the distribution.
-    sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+    sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), }
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
         pad_token_id=pad, eos_token_id=eos if len(eos) > 1 else eos[0], **sampling,

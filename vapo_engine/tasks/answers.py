@@ -19,7 +19,7 @@ _MAX_CHECK_CHARS = 4000
 """Only the tail of a long response is handed to math_verify (its parser is slow on huge inputs)."""
 
 _NUMBER_RE = re.compile(
-    r"-?\d{1,3}(?:(?:,|\\,|\u2009|\u202f)\d{3})+(?:\.\d+)?"  # 1,234,567 / 1\,234 / thin-space groups
+    r"-?\d{1,3}(?:(?:,|\\,| |\u2009|\u202f)\d{3})+(?:\.\d+)?"  # 1,234,567 / 1\,234 / 1 234 groups
     r"|-?\d+(?:\.\d+)?(?:/\d+)?"  # 42, -3.5, 7/8
     r"|-?\.\d+"  # .5
 )
@@ -67,12 +67,13 @@ def extract_final_answer(text: str) -> str | None:
     """The candidate final answer: the last boxed expression, else the last number, else None."""
     if not isinstance(text, str):
         return None
+    text = text.replace("\u2212", "-")  # unicode minus
     boxed = last_boxed(text)
     return boxed if boxed is not None else last_number(text)
 
 
 def _strip_wrappers(s: str) -> str:
-    s = s.strip().strip("$").strip()
+    s = s.replace("\u2212", "-").strip().strip("$").strip()
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
     s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",").replace("\u2009", "").replace("\u202f", "")
     s = s.replace("\\left", "").replace("\\right", "")

@@ -59,7 +59,7 @@ def _random_int(rng: random.Random, digits: int) -> int:
     return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
 
-def carry_chain(a: int, b: int) -> str:
+def carry_chain(a: int, b: int, width: int = 0) -> str:
     """Digit-by-digit addition from the right, e.g. (47, 385) -> '7+5+0=2,4+8+1=3,0+3+1=4'.
 
     One fixed-width step `x+y+c=s` per digit of the longer operand (x, y the digits, 0 when missing; c the
@@ -67,7 +67,7 @@ def carry_chain(a: int, b: int) -> str:
     """
     sa, sb = str(a)[::-1], str(b)[::-1]
     steps, carry = [], 0
-    for i in range(max(len(sa), len(sb))):
+    for i in range(max(len(sa), len(sb), width)):
         x = int(sa[i]) if i < len(sa) else 0
         y = int(sb[i]) if i < len(sb) else 0
         total = x + y + carry
@@ -86,7 +86,8 @@ class AdditionTask(ArithmeticTask):
 
     name = "builtin:addition"
 
-    def __init__(self, min_digits: int = 2, max_digits: int = 4):
+    def __init__(self, min_digits: int = 2, max_digits: int = 4, fixed_steps: bool = True):
+        self.fixed_steps = fixed_steps
         if not 1 <= min_digits <= max_digits <= 9:
             raise ValueError("need 1 <= min_digits <= max_digits <= 9")
         self.min_digits, self.max_digits = min_digits, max_digits
@@ -105,7 +106,8 @@ class AdditionTask(ArithmeticTask):
         if not m:
             raise ValueError(f"not an addition prompt: {prompt!r}")
         a, b = int(m.group(1)), int(m.group(2))
-        return carry_chain(a, b) + BUILTIN_ANSWER_MARK + str(a + b)
+        width = len(m.group(1)) if self.fixed_steps else 0
+        return carry_chain(a, b, width) + BUILTIN_ANSWER_MARK + str(a + b)
 
 
 _TOKEN_RE = re.compile(r"\d+|[-+*]")
@@ -127,7 +129,7 @@ def eval_steps(prompt: str) -> tuple[list[str], int]:
 
 
 class MultistepTask(ArithmeticTask):
-    """Left-to-right chains of 2-`max_ops` operations, e.g. `23*7+45-18=`; longer, multi-step responses.
+    """Left-to-right chains of `min_ops`-`max_ops` operations, e.g. `23*7+45-18=`; responses of ~20-60 chars.
 
     Only the first operation may be `*` (by a single digit), so left-to-right order equals the usual
     precedence; subtractions never go below zero.
@@ -135,12 +137,12 @@ class MultistepTask(ArithmeticTask):
 
     name = "builtin:multistep"
 
-    def __init__(self, min_ops: int = 2, max_ops: int = 4):
+    def __init__(self, min_ops: int = 3, max_ops: int = 5):
         if not 2 <= min_ops <= max_ops <= 6:
             raise ValueError("need 2 <= min_ops <= max_ops <= 6")
         self.min_ops, self.max_ops = min_ops, max_ops
-        # Each step 'vvvv-oo=vvvv' is at most 13 chars (+ comma); values stay below 10**4.
-        self.max_new_tokens = 14 * max_ops + 6
+        # Values stay below 10**4, so a step 'vvvv+oo=vvvv' is at most 12 chars plus a comma; + ';', answer, EOS.
+        self.max_new_tokens = 13 * max_ops + 6
 
     def _make(self, rng: random.Random) -> tuple[str, Problem]:
         n_ops = rng.randint(self.min_ops, self.max_ops)

@@ -74,7 +74,7 @@ def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max
     return float(loss.item())
 
 
-def sft_warm_start(model, tokenizer, task, *, max_steps: int = 600, batch_size: int = 64, lr: float = 3e-3,
+def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size: int = 32, lr: float = 2e-3,
                    target_greedy: tuple[float, float] = (0.55, 0.75), eval_every: int = 25,
                    val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
                    max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,

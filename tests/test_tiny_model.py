@@ -1,0 +1,173 @@
+"""The built-in tiny model: tokenizer round-trip, HF directory loading, a few SFT steps, the atomic cache."""
+from __future__ import annotations
+
+import json
+import random
+import string
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from vapo_engine.tasks import AdditionTask, get_task
+from vapo_engine.trainer import tiny_model
+from vapo_engine.trainer.sft import encode_sft_batch, evaluate, sft_warm_start
+from vapo_engine.trainer.tiny_model import (
+    DONE_MARKER, BuildRecipe, build_tokenizer, builtin_model_dir, cache_root, is_complete, make_config,
+    make_model, make_model_dir,
+)
+
+TINY = {"hidden": 32, "layers": 1, "heads": 2}
+TINY_BUILD = {**TINY, "max_steps": 3, "batch_size": 4, "eval_every": 3, "val_size": 4, "report_size": 4}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_tokenizer_round_trips_text_exactly(tokenizer):
+    texts = [string.printable.replace("\t", "").replace("\r", "").replace("\x0b", "").replace("\x0c", ""),
+             "  two  spaces , before . punctuation ?\n", "0047+0385=7+5+0=2,4+8+1=3;432", "a\n\nb", ""]
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id and len(ids) == len(text) + 1  # one token per character
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer.decode(tokenizer("é\tx")["input_ids"], skip_special_tokens=True) == "x"  # unknown -> <unk>
+    assert len(tokenizer) == 4 + 95 + 1
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+    assert tokenizer.padding_side == "left" and tokenizer.chat_template is None
+
+
+def test_default_model_is_about_one_million_parameters(tokenizer):
+    cfg = make_config(tokenizer)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (128, 4, 4, 512)
+    assert cfg.tie_word_embeddings
+    model = make_model(tokenizer)
+    n = sum(p.numel() for p in model.parameters())
+    assert 0.8e6 < n < 1.3e6 and next(model.parameters()).dtype == torch.float32
+    assert make_model(tokenizer, **TINY, seed=3).state_dict()["model.norm.weight"].shape == (32,)
+    a, b = make_model(tokenizer, **TINY, seed=3), make_model(tokenizer, **TINY, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_model_dir_loads_with_auto_classes(tmp_path):
+    out = make_model_dir(tmp_path / "m", **TINY, seed=1)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tok)
+    assert tok.padding_side == "left" and tok.decode(tok("12+3=")["input_ids"], skip_special_tokens=True) == "12+3="
+    enc = tok(["1+1=", "12+34="], return_tensors="pt", padding=True)
+    assert enc["attention_mask"][0].tolist()[:2] == [0, 0]  # left padding
+    with torch.no_grad():
+        logits = model(**enc).logits
+    assert logits.shape == (2, enc["input_ids"].shape[1], len(tok)) and torch.isfinite(logits).all()
+
+
+def test_sft_batch_masks_prompt_and_keeps_eos(tokenizer):
+    batch = encode_sft_batch(tokenizer, ["12+3=", "1+1="], ["15;15", "2;2"])
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    assert ids.shape == labels.shape == mask.shape == (2, 1 + 5 + 5 + 1)
+    assert labels[0].tolist() == [-100] * 6 + tokenizer("15;15", add_special_tokens=False)["input_ids"] + [2]
+    assert labels[1, 5:9].tolist()[-1] == tokenizer.eos_token_id and (labels[1, 9:] == -100).all()
+    assert mask[1].tolist() == [1] * 9 + [0] * 3 and (ids[1, 9:] == tokenizer.pad_token_id).all()
+
+
+def test_few_sft_steps_reduce_loss(tokenizer):
+    model = make_model(tokenizer, hidden=64, layers=2, heads=4, seed=0)
+    logs = []
+    metrics = sft_warm_start(model, tokenizer, AdditionTask(), max_steps=30, batch_size=16, lr=3e-3, eval_every=30,
+                             val_size=8, warmup_steps=5, log=logs.append)
+    losses = metrics["losses"]
+    assert len(losses) == 30 and metrics["steps"] == 30 and metrics["stop_reason"] == "max_steps"
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:3]) / 3
+    assert 0.0 <= metrics["val_greedy_acc"] <= 1.0 and 0.0 <= metrics["val_sampled_acc"] <= 1.0
+    assert logs and "greedy acc" in logs[-1] and model.training is True
+
+
+def test_evaluate_counts_correct_responses(tokenizer, monkeypatch):
+    task = get_task("builtin:addition")
+    problems = task.heldout(4)
+    from vapo_engine.trainer import sft
+
+    class FakeGen:
+        texts = [task.reference_solution(problems[0]), "junk", task.reference_solution(problems[2]), ";1"]
+    monkeypatch.setattr(sft, "generate", lambda *a, **k: FakeGen)
+    assert evaluate(None, tokenizer, task, problems, max_new_tokens=5) == 0.5
+    assert evaluate(None, tokenizer, task, [], max_new_tokens=5) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ cache
+
+
+def test_cache_root_prefers_argument_then_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("VAPO_MCP_CACHE", str(tmp_path / "env"))
+    assert cache_root() == tmp_path / "env"
+    assert cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("VAPO_MCP_CACHE")
+    assert cache_root().parts[-2:] == (".cache", "vapo-mcp")
+
+
+def test_recipe_folder_names_are_versioned_and_distinct():
+    default = BuildRecipe().folder_name()
+    assert default == f"tiny-addition-v{tiny_model.BUILTIN_VERSION}"
+    assert BuildRecipe(max_steps=5).folder_name() != default
+    assert BuildRecipe(max_steps=5).folder_name() == BuildRecipe(max_steps=5).folder_name()
+    assert BuildRecipe(num_threads=1).folder_name() == default
+    with pytest.raises(TypeError):
+        BuildRecipe(bogus=1)
+
+
+def test_builtin_model_dir_builds_once_and_ignores_killed_builds(tmp_path):
+    final = tmp_path / BuildRecipe(**TINY_BUILD).folder_name()
+    # leftovers of a killed build: a half-written final folder (no marker) and a temporary folder
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{half")
+    stale_tmp = tmp_path / f".tmp-{final.name}-123-deadbeef"
+    stale_tmp.mkdir()
+    (stale_tmp / "model.safetensors").write_bytes(b"\0" * 10)
+
+    logs: list[str] = []
+    out = builtin_model_dir(tmp_path, log=logs.append, **TINY_BUILD)
+    assert out == final and is_complete(out) and not stale_tmp.exists()
+    assert not list(tmp_path.glob(".tmp-*"))
+    metrics = json.loads((out / "sft_metrics.json").read_text())
+    assert metrics["steps"] == 3 and "heldout_greedy_acc" in metrics and "build_seconds" in metrics
+    assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 32
+    assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
+    stamp = (out / DONE_MARKER).read_text()
+
+    logs.clear()
+    assert builtin_model_dir(tmp_path, log=logs.append, **TINY_BUILD) == out
+    assert not logs and (out / DONE_MARKER).read_text() == stamp  # cached: not rebuilt
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    def boom(tmp, recipe, log):
+        (tmp / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # like a kill in the middle of training
+
+    monkeypatch.setattr(tiny_model, "_build_into", boom)
+    with pytest.raises(KeyboardInterrupt):
+        builtin_model_dir(tmp_path, log=lambda s: None, **TINY_BUILD)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_concurrent_builder_that_loses_the_rename_uses_the_winner(tmp_path, monkeypatch):
+    real_build = tiny_model._build_into
+    final = tmp_path / BuildRecipe(**TINY_BUILD).folder_name()
+
+    def build_then_someone_else_wins(tmp, recipe, log):
+        metrics = real_build(tmp, recipe, log)
+        winner = tmp_path / "winner"
+        winner.mkdir()
+        (winner / "config.json").write_text("{}")
+        (winner / DONE_MARKER).write_text("{}")
+        winner.rename(final)  # another process (without our lock) finished first
+        return metrics
+
+    monkeypatch.setattr(tiny_model, "_build_into", build_then_someone_else_wins)
+    random.seed(0)
+    out = builtin_model_dir(tmp_path, log=lambda s: None, **TINY_BUILD)
+    assert out == final and (out / "config.json").read_text() == "{}"
+    assert not list(tmp_path.glob(".tmp-*"))
