@@ -42,6 +42,11 @@ def _boost_eos(model, tokenizer, amount: float):
     return model.lm_head.register_forward_hook(hook)
 
 
+def _skewed_config() -> GenerationConfig:
+    """What a checkpoint's generation_config.json might carry; must not leak into RL sampling."""
+    return GenerationConfig(top_k=1, repetition_penalty=5.0, eos_token_id=2, pad_token_id=0)
+
+
 def _check_invariants(gen: Generation, tokenizer, n: int, max_new: int):
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     assert gen.prompt_ids.shape[0] == gen.response_ids.shape[0] == n and len(gen.texts) == n
@@ -107,7 +112,7 @@ def test_greedy_batched_left_padding_matches_one_by_one(model, tokenizer):
 
 
 def test_restores_training_mode_and_generation_config(model, tokenizer):
-    model.generation_config = GenerationConfig(top_k=1, repetition_penalty=5.0, eos_token_id=2, pad_token_id=0)
+    model.generation_config = _skewed_config()
     saved = model.generation_config
     model.train()
     generate(model, tokenizer, PROMPTS[:2], max_new_tokens=3)
@@ -120,7 +125,7 @@ def test_restores_training_mode_and_generation_config(model, tokenizer):
 def test_checkpoint_generation_defaults_do_not_change_sampling(model, tokenizer):
     torch.manual_seed(5)
     plain = generate(model, tokenizer, PROMPTS * 4, max_new_tokens=6)
-    model.generation_config = GenerationConfig(top_k=1, repetition_penalty=5.0, eos_token_id=2, pad_token_id=0)
+    model.generation_config = _skewed_config()
     torch.manual_seed(5)
     skewed = generate(model, tokenizer, PROMPTS * 4, max_new_tokens=6)
     assert torch.equal(plain.response_ids, skewed.response_ids)
@@ -159,3 +164,14 @@ def test_sampling_is_not_truncated_by_a_default_top_k(model, tokenizer):
     gen = generate(model, tokenizer, ["x"] * 64, max_new_tokens=8)
     handle.remove()
     assert len(set(gen.response_ids[gen.response_mask.bool()].tolist())) > 60
+
+
+def test_tokenizer_without_pad_token_pads_with_eos(model, tokenizer):
+    reference = generate(model, tokenizer, PROMPTS, max_new_tokens=5, do_sample=False)
+    tokenizer.pad_token = None
+    assert tokenizer.pad_token_id is None
+    gen = generate(model, tokenizer, PROMPTS, max_new_tokens=5, do_sample=False)
+    eos = tokenizer.eos_token_id
+    assert (gen.prompt_ids[gen.prompt_mask == 0] == eos).all()
+    assert torch.equal(gen.response_mask, reference.response_mask)
+    assert gen.texts == reference.texts

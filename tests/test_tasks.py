@@ -7,7 +7,15 @@ import random
 import pytest
 
 from vapo_engine.tasks import (
-    AdditionTask, JsonlTask, MultistepTask, Problem, Task, TaskError, answers_match, builtin_task_names, get_task,
+    AdditionTask,
+    JsonlTask,
+    MultistepTask,
+    Problem,
+    Task,
+    TaskError,
+    answers_match,
+    builtin_task_names,
+    get_task,
 )
 from vapo_engine.tasks.answers import extract_builtin_answer, extract_final_answer, last_boxed
 from vapo_engine.tasks.arithmetic import carry_chain, eval_steps
@@ -58,6 +66,7 @@ def test_addition_format_example():
     task = AdditionTask()
     p = Problem(id="x", prompt="0047+0385=", answer="432")
     assert task.reference_solution(p) == "7+5+0=2,4+8+1=3,0+3+1=4,0+0+0=0;432"
+    assert AdditionTask(fixed_steps=False).reference_solution(p) == "7+5+0=2,4+8+1=3,0+3+1=4;432"
     assert carry_chain(9999, 9999) == "9+9+0=8,9+9+1=9,9+9+1=9,9+9+1=9"
     assert task.reference_solution(Problem("y", "9999+9999=", "19998")).endswith(";19998")
     assert max(len(task.reference_solution(p)) for p in task.train_batch(2000, random.Random(0))) <= 39
@@ -139,7 +148,8 @@ def _write(path, lines):
 def test_jsonl_task_loads_samples_and_checks(tmp_path):
     rows = [{"problem": f"What is {i}*2?", "answer": i * 2} for i in range(10)]
     rows[3]["id"] = "custom"
-    _write(tmp_path / "toy.jsonl", [json.dumps(r) for r in rows[:5]] + [""] + [json.dumps(r) for r in rows[5:]])
+    lines = [json.dumps(r) for r in rows]
+    _write(tmp_path / "toy.jsonl", [*lines[:5], "", *lines[5:]])
     task = get_task("toy", tmp_path)
     assert isinstance(task, JsonlTask) and task.name == "toy" and len(task) == 10
     assert [p.prompt for p in task.heldout(3)] == [r["problem"] for r in rows[:3]]

@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import random
 import string
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,10 +17,18 @@ from vapo_engine.tasks import AdditionTask, get_task
 from vapo_engine.trainer import tiny_model
 from vapo_engine.trainer.sft import encode_sft_batch, evaluate, sft_warm_start
 from vapo_engine.trainer.tiny_model import (
-    DONE_MARKER, BuildRecipe, build_tokenizer, builtin_model_dir, cache_root, is_complete, make_config,
-    make_model, make_model_dir,
+    DONE_MARKER,
+    BuildRecipe,
+    build_tokenizer,
+    builtin_model_dir,
+    cache_root,
+    is_complete,
+    make_config,
+    make_model,
+    make_model_dir,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = {"hidden": 32, "layers": 1, "heads": 2}
 TINY_BUILD = {**TINY, "max_steps": 3, "batch_size": 4, "eval_every": 3, "val_size": 4, "report_size": 4}
 
@@ -33,7 +45,8 @@ def test_tokenizer_round_trips_text_exactly(tokenizer):
         ids = tokenizer(text)["input_ids"]
         assert ids[0] == tokenizer.bos_token_id and len(ids) == len(text) + 1  # one token per character
         assert tokenizer.decode(ids, skip_special_tokens=True) == text
-    assert tokenizer.decode(tokenizer("é\tx")["input_ids"], skip_special_tokens=True) == "x"  # unknown -> <unk>
+    unknown = tokenizer("é\tx")["input_ids"]  # characters outside the vocabulary -> <unk>, dropped on decode
+    assert tokenizer.decode(unknown, skip_special_tokens=True) == "x"
     assert len(tokenizer) == 4 + 95 + 1
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
     assert tokenizer.padding_side == "left" and tokenizer.chat_template is None
@@ -41,7 +54,8 @@ def test_tokenizer_round_trips_text_exactly(tokenizer):
 
 def test_default_model_is_about_one_million_parameters(tokenizer):
     cfg = make_config(tokenizer)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (128, 4, 4, 512)
+    sizes = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size)
+    assert sizes == (128, 4, 4, 512)
     assert cfg.tie_word_embeddings
     model = make_model(tokenizer)
     n = sum(p.numel() for p in model.parameters())
@@ -56,7 +70,8 @@ def test_model_dir_loads_with_auto_classes(tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tok)
-    assert tok.padding_side == "left" and tok.decode(tok("12+3=")["input_ids"], skip_special_tokens=True) == "12+3="
+    assert tok.padding_side == "left"
+    assert tok.decode(tok("12+3=")["input_ids"], skip_special_tokens=True) == "12+3="
     enc = tok(["1+1=", "12+34="], return_tensors="pt", padding=True)
     assert enc["attention_mask"][0].tolist()[:2] == [0, 0]  # left padding
     with torch.no_grad():
@@ -76,8 +91,8 @@ def test_sft_batch_masks_prompt_and_keeps_eos(tokenizer):
 def test_few_sft_steps_reduce_loss(tokenizer):
     model = make_model(tokenizer, hidden=64, layers=2, heads=4, seed=0)
     logs = []
-    metrics = sft_warm_start(model, tokenizer, AdditionTask(), max_steps=30, batch_size=16, lr=3e-3, eval_every=30,
-                             val_size=8, warmup_steps=5, log=logs.append)
+    metrics = sft_warm_start(model, tokenizer, AdditionTask(), max_steps=30, batch_size=16, lr=3e-3,
+                             eval_every=30, val_size=8, warmup_steps=5, log=logs.append)
     losses = metrics["losses"]
     assert len(losses) == 30 and metrics["steps"] == 30 and metrics["stop_reason"] == "max_steps"
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:3]) / 3
@@ -90,9 +105,8 @@ def test_evaluate_counts_correct_responses(tokenizer, monkeypatch):
     problems = task.heldout(4)
     from vapo_engine.trainer import sft
 
-    class FakeGen:
-        texts = [task.reference_solution(problems[0]), "junk", task.reference_solution(problems[2]), ";1"]
-    monkeypatch.setattr(sft, "generate", lambda *a, **k: FakeGen)
+    texts = [task.reference_solution(problems[0]), "junk", task.reference_solution(problems[2]), ";1"]
+    monkeypatch.setattr(sft, "generate", lambda *a, **k: SimpleNamespace(texts=texts))
     assert evaluate(None, tokenizer, task, problems, max_new_tokens=5) == 0.5
     assert evaluate(None, tokenizer, task, [], max_new_tokens=5) == 0.0
 
@@ -123,14 +137,16 @@ def test_builtin_model_dir_builds_once_and_ignores_killed_builds(tmp_path):
     # leftovers of a killed build: a half-written final folder (no marker) and a temporary folder
     final.mkdir(parents=True)
     (final / "config.json").write_text("{half")
-    stale_tmp = tmp_path / f".tmp-{final.name}-123-deadbeef"
+    stale_tmp = tmp_path / f".tmp-{final.name}.123-deadbeef"
+    other_recipe_tmp = tmp_path / f".tmp-{final.name}-0123456789.456-cafe"  # another recipe's live build
+    other_recipe_tmp.mkdir()
     stale_tmp.mkdir()
     (stale_tmp / "model.safetensors").write_bytes(b"\0" * 10)
 
     logs: list[str] = []
     out = builtin_model_dir(tmp_path, log=logs.append, **TINY_BUILD)
     assert out == final and is_complete(out) and not stale_tmp.exists()
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert list(tmp_path.glob(".tmp-*")) == [other_recipe_tmp]
     metrics = json.loads((out / "sft_metrics.json").read_text())
     assert metrics["steps"] == 3 and "heldout_greedy_acc" in metrics and "build_seconds" in metrics
     assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 32
@@ -170,4 +186,19 @@ def test_concurrent_builder_that_loses_the_rename_uses_the_winner(tmp_path, monk
     random.seed(0)
     out = builtin_model_dir(tmp_path, log=lambda s: None, **TINY_BUILD)
     assert out == final and (out / "config.json").read_text() == "{}"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_two_processes_building_at_once_share_one_build(tmp_path):
+    code = ("import json, sys\n"
+            "from vapo_engine.trainer.tiny_model import builtin_model_dir\n"
+            f"kw = json.loads({json.dumps(json.dumps(TINY_BUILD))})\n"
+            "print('DIR', builtin_model_dir(sys.argv[1], **kw))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    dirs = {line for out in outputs for line in out.splitlines() if line.startswith("DIR ")}
+    assert len(dirs) == 1 and is_complete(dirs.pop()[4:])
+    assert sum(out.count("building the built-in tiny model") for out in outputs) == 1
     assert not list(tmp_path.glob(".tmp-*"))

@@ -138,6 +138,26 @@ class EvalConfig(Section):
     """k of the sampled avg@k accuracy (besides greedy accuracy)."""
 
 
+class DistributedConfig(Section):
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    """Processes (ranks) per node; > 1 launches the worker with torchrun (one GPU per process on CUDA)."""
+    nnodes: int = Field(1, ge=1, le=100_000)
+    """Number of nodes; > 1 needs rdzv_endpoint reachable from every node and node_rank set on each."""
+    node_rank: int = Field(0, ge=0)
+    """This node's rank (0 … nnodes − 1); only used when nnodes > 1."""
+    rdzv_endpoint: str = Field("127.0.0.1:29500", pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+    """host:port of the rendezvous (node 0's address) for multi-node runs."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend; auto = nccl on CUDA, gloo on CPU."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: replicate weights, all-reduce gradients; fsdp: shard parameters, gradients and optimizer state
+    (FSDP2 fully_shard) for models that do not fit one device."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
 class TrainConfig(Section):
     """The whole config.toml file."""
 
@@ -153,6 +173,8 @@ class TrainConfig(Section):
     """[data] training prompts."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """[eval] held-out evaluation and checkpoints."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """[distributed] scale-out with torchrun (processes, nodes, backend, strategy)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "TrainConfig":
@@ -164,6 +186,19 @@ class TrainConfig(Section):
         if t.algorithm == "grpo" and g < 2:
             raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
                                f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
+        d = self.distributed
+        if d.node_rank >= d.nnodes:
+            raise FieldProblem("distributed.node_rank", f"node_rank {d.node_rank} must be < nnodes {d.nnodes}",
+                               f"use 0 … {d.nnodes - 1}")
+        if self.prompts_per_step % d.world_size:
+            raise FieldProblem("distributed.nproc_per_node", f"{self.prompts_per_step} prompt groups per step "
+                               f"(batch_size / group_size) cannot be split over {d.world_size} processes "
+                               "(a group never spans ranks)", "make batch_size / group_size a multiple of "
+                               "nproc_per_node × nnodes")
+        if self.mini_batch_size % d.world_size:
+            raise FieldProblem("training.mini_batch_size", f"the mini-batch of {self.mini_batch_size} responses "
+                               f"cannot be split over {d.world_size} processes", "use a multiple of "
+                               "nproc_per_node × nnodes")
         if t.mini_batch_size and t.batch_size % t.mini_batch_size:
             raise FieldProblem("training.mini_batch_size", f"mini_batch_size {t.mini_batch_size} does not "
                                f"divide batch_size {t.batch_size}", "use a divisor of batch_size or unset it")

@@ -42,9 +42,10 @@ def response_lengths(response_mask: torch.Tensor) -> torch.LongTensor:
 
 
 def special_ids(model, tokenizer) -> tuple[int, list[int]]:
-    """(pad_id, eos_ids): EOS ids from the tokenizer plus the model's generation config; pad falls back to EOS."""
+    """(pad_id, eos_ids): EOS ids of the tokenizer and the model's generation config; pad defaults to EOS."""
     eos: list[int] = []
-    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for source in (tokenizer.eos_token_id, model_eos):
         for i in source if isinstance(source, (list, tuple)) else [source]:
             if i is not None and int(i) not in eos:
                 eos.append(int(i))
@@ -58,7 +59,7 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, do_s
                      pad: int, eos: list[int]) -> GenerationConfig:
     greedy = not do_sample or temperature <= 0
     # top_k=0 explicitly: otherwise transformers' global default (top_k=50) would truncate the distribution.
-    sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), }
+    sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
         pad_token_id=pad, eos_token_id=eos if len(eos) > 1 else eos[0], **sampling,
@@ -67,7 +68,7 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, do_s
 
 @contextlib.contextmanager
 def _eval_mode_with_clean_generation_config(model):
-    """Eval mode and an empty `generation_config` (so checkpoint defaults cannot change sampling); restored after."""
+    """Eval mode and an empty `generation_config` (checkpoint defaults cannot change sampling), restored."""
     was_training, saved = model.training, getattr(model, "generation_config", None)
     model.eval()
     model.generation_config = GenerationConfig()
@@ -78,17 +79,22 @@ def _eval_mode_with_clean_generation_config(model):
         model.train(was_training)
 
 
-def _tokenize_left(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-    saved = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    finally:
-        tokenizer.padding_side = saved
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+def _tokenize_left(tokenizer, prompts: list[str], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask, padded here (works for tokenizers without a pad token or padding side)."""
+    rows = tokenizer(prompts)["input_ids"]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"prompt {i} encodes to no tokens; give it some text")
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
 
 
-def mask_after_eos(tokens: torch.Tensor, eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def mask_after_eos(tokens: torch.Tensor, eos_ids: list[int],
+                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, mask, finished): tokens after the first EOS set to pad; mask 1.0 up to and including it."""
     is_eos = torch.zeros_like(tokens, dtype=torch.bool)
     for e in eos_ids:
@@ -110,7 +116,7 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
 
 
 def _generate_chunk(model, tokenizer, prompts, config, pad, eos):
-    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, model.device)
+    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
     new_tokens = out[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, eos, pad)

@@ -34,14 +34,14 @@ def _builtin(name: str) -> Task:
     cls = BUILTIN_TASKS.get(name)
     if cls is None:
         raise TaskError(
-            f"unknown built-in task {BUILTIN_PREFIX + name!r}. Fix: use one of {', '.join(builtin_task_names())}, "
-            "or a JSONL name/path."
+            f"unknown built-in task {BUILTIN_PREFIX + name!r}. "
+            f"Fix: use one of {', '.join(builtin_task_names())}, or a JSONL name/path."
         )
     return cls()
 
 
 def get_task(spec: str, data_dir: str | Path = "./data") -> Task:
-    """Resolve a task spec: `builtin:<name>`, a path ending in `.jsonl`, or a bare name -> `<data_dir>/<name>.jsonl`."""
+    """Resolve `builtin:<name>`, a path ending in `.jsonl`, or a bare name (-> `<data_dir>/<name>.jsonl`)."""
     if not isinstance(spec, str) or not spec.strip():
         raise TaskError(f"empty task spec. Fix: use {' or '.join(builtin_task_names())} or a JSONL name.")
     spec = spec.strip()
@@ -56,7 +56,8 @@ def get_task(spec: str, data_dir: str | Path = "./data") -> Task:
         hint = f"create {path} with one {{\"problem\", \"answer\"}} object per line, {others}"
         return JsonlTask.from_file(path, missing_hint=hint)
     path = data_dir / f"{spec}.jsonl"
-    hint = f"put the file at {path} (<data_dir>/<name>.jsonl, one {{\"problem\", \"answer\"}} object per line), {others}"
+    hint = (f"put the file at {path} (<data_dir>/<name>.jsonl, one {{\"problem\", \"answer\"}} object per "
+            f"line), {others}")
     if spec in BUILTIN_TASKS and not path.exists():
         hint += f" (did you mean {BUILTIN_PREFIX + spec!r})"
     return JsonlTask.from_file(path, name=spec, missing_hint=hint)

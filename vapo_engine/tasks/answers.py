@@ -75,7 +75,9 @@ def extract_final_answer(text: str) -> str | None:
 def _strip_wrappers(s: str) -> str:
     s = s.replace("\u2212", "-").strip().strip("$").strip()
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
-    s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",").replace("\u2009", "").replace("\u202f", "")
+    for junk in ("\\!", "\\,", "\u2009", "\u202f"):
+        s = s.replace(junk, "")
+    s = s.replace("{,}", ",")
     s = s.replace("\\left", "").replace("\\right", "")
     return s.rstrip(".").strip()
 

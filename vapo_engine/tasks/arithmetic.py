@@ -3,7 +3,7 @@
 Prompts are plain text with no chat template; a reference response writes the working step by step and
 ends with `;<answer>` (checked by exact match). Examples:
 
-    addition   "0047+0385="  ->  "7+5+0=2,4+8+1=3,0+3+1=4;432"
+    addition   "0047+0385="  ->  "7+5+0=2,4+8+1=3,0+3+1=4,0+0+0=0;432"
     multistep  "23*7+45-18=" ->  "23*7=161,161+45=206,206-18=188;188"
 
 Train and held-out problems come from the same generator but sit on opposite sides of a stable hash split
@@ -62,8 +62,9 @@ def _random_int(rng: random.Random, digits: int) -> int:
 def carry_chain(a: int, b: int, width: int = 0) -> str:
     """Digit-by-digit addition from the right, e.g. (47, 385) -> '7+5+0=2,4+8+1=3,0+3+1=4'.
 
-    One fixed-width step `x+y+c=s` per digit of the longer operand (x, y the digits, 0 when missing; c the
-    carry in; s the sum digit); the last carry out shows up as the answer's leading digit.
+    One fixed-width step `x+y+c=s` per digit of the longer operand, or `width` steps if that is more (x, y
+    the digits, 0 when missing; c the carry in; s the sum digit); the last carry out is the answer's
+    leading digit.
     """
     sa, sb = str(a)[::-1], str(b)[::-1]
     steps, carry = [], 0
@@ -79,9 +80,11 @@ def carry_chain(a: int, b: int, width: int = 0) -> str:
 class AdditionTask(ArithmeticTask):
     """Addition of two numbers of `min_digits`..`max_digits` digits, written zero-padded to `max_digits`.
 
-    The zero padding gives every digit a fixed position in the prompt and every step a fixed width, which a
-    ~1M-parameter model learns within a minute; the number of steps still follows the real digit count, so
-    response lengths vary (2-4 steps).
+    The zero padding gives every digit a fixed position in the prompt, and with `fixed_steps` (default) the
+    chain always has `max_digits` fixed-width steps, so every digit sits at a fixed position in the response
+    too: the ~1M-parameter model learns it in about a minute on 2 CPU cores (stopping the chain at the real
+    digit count, `fixed_steps=False`, learned about 2x slower; natural unpadded prompts several times
+    slower). Responses are 34-37 characters; `builtin:multistep` is the task with varied lengths.
     """
 
     name = "builtin:addition"
@@ -115,7 +118,7 @@ _TOKEN_RE = re.compile(r"\d+|[-+*]")
 
 def eval_steps(prompt: str) -> tuple[list[str], int]:
     """Evaluate `a op b op c ...=` strictly left to right; returns the written steps and the result."""
-    body = prompt[:-1] if prompt.endswith("=") else prompt
+    body = prompt.removesuffix("=")
     tokens = _TOKEN_RE.findall(body)
     if "".join(tokens) != body or len(tokens) < 3 or len(tokens) % 2 == 0:
         raise ValueError(f"not a multistep prompt: {prompt!r}")
@@ -141,7 +144,7 @@ class MultistepTask(ArithmeticTask):
         if not 2 <= min_ops <= max_ops <= 6:
             raise ValueError("need 2 <= min_ops <= max_ops <= 6")
         self.min_ops, self.max_ops = min_ops, max_ops
-        # Values stay below 10**4, so a step 'vvvv+oo=vvvv' is at most 12 chars plus a comma; + ';', answer, EOS.
+        # Values stay below 10**4: a step 'vvvv+oo=vvvv' is <= 12 chars + a comma; then ';', answer, EOS.
         self.max_new_tokens = 13 * max_ops + 6
 
     def _make(self, rng: random.Random) -> tuple[str, Problem]:

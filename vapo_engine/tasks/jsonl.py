@@ -38,7 +38,9 @@ def _parse_line(path: Path, lineno: int, line: str) -> Problem:
             f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}). Fix: write {_FORMAT}."
         ) from None
     if not isinstance(row, dict):
-        raise TaskError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}. Fix: write {_FORMAT}.")
+        raise TaskError(
+            f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}. Fix: write {_FORMAT}."
+        )
     fields = {}
     for key in ("problem", "answer"):
         text = _field_text(row.get(key))
@@ -63,7 +65,7 @@ def load_jsonl(path: str | Path, *, missing_hint: str = "") -> list[Problem]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise TaskError(f"{path}: cannot read the file ({e}). Fix: save it as UTF-8 text, {_FORMAT}.") from None
+        raise TaskError(f"{path}: cannot read the file ({e}). Fix: save it as UTF-8, {_FORMAT}.") from None
     problems = [
         _parse_line(path, lineno, line)
         for lineno, line in enumerate(text.splitlines(), start=1)

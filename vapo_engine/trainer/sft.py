@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -105,7 +105,8 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
         step += 1
         if step % eval_every == 0 or step == max_steps:
             greedy = evaluate(model, tokenizer, task, val, max_new_tokens=max_new)
-            log(f"sft step {step}: loss {losses[-1]:.4f}  greedy acc {greedy:.3f}  ({time.perf_counter() - t0:.0f}s)")
+            elapsed = time.perf_counter() - t0
+            log(f"sft step {step}: loss {losses[-1]:.4f}  greedy acc {greedy:.3f}  ({elapsed:.0f}s)")
             if greedy >= target_greedy[0]:
                 stop = "target"
                 break

@@ -1,4 +1,4 @@
-"""The built-in tiny model: a character-level tokenizer and a ~1M-parameter Qwen2 causal LM, as a real HF directory.
+"""The built-in tiny model: a char-level tokenizer and a ~1M-parameter Qwen2 causal LM, as an HF directory.
 
 - `build_tokenizer()`: vocabulary = printable ASCII + newline, special tokens <pad>/<bos>/<eos>/<unk>, BOS
   prepended, left padding, exact round-trip decoding; built locally with `tokenizers` (no hub access).
@@ -22,8 +22,8 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -69,7 +69,8 @@ def make_config(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4
     )
 
 
-def make_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4, seed: int = 0) -> Qwen2ForCausalLM:
+def make_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4,
+               seed: int = 0) -> Qwen2ForCausalLM:
     """A randomly initialised tiny causal LM (deterministic given `seed`)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -173,7 +174,8 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None]) -> d
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
     tokenizer = build_tokenizer()
-    model = make_model(tokenizer, hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads, seed=recipe.seed)
+    model = make_model(tokenizer, hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
+                       seed=recipe.seed)
     task = get_task(recipe.task)
     sft = sft_warm_start(model, tokenizer, task, max_steps=recipe.max_steps, batch_size=recipe.batch_size,
                          lr=recipe.lr, target_greedy=recipe.target_greedy, eval_every=recipe.eval_every,
@@ -208,9 +210,9 @@ def builtin_model_dir(cache_dir: str | Path | None = None, *, log: Callable[[str
     with _build_lock(root / f"{final.name}.lock"):
         if is_complete(final):  # another process finished while we waited
             return final
-        for stale in [final, *root.glob(f".tmp-{final.name}-*")]:
+        for stale in [final, *root.glob(f".tmp-{final.name}.*")]:
             shutil.rmtree(stale, ignore_errors=True)  # leftovers of a killed build: we hold the lock
-        tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = root / f".tmp-{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"  # '.': no other recipe matches
         tmp.mkdir()
         log(f"building the built-in tiny model in {final} (first use only) ...")
         try:
