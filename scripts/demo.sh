@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/vapo-mcp config check "$@"
+exec .venv/bin/vapo-mcp train --preset cpu-demo "$@"

@@ -56,8 +56,8 @@ def _check_data(config) -> None:
 
 def _train(run_dir: Path, *, resume: bool, as_json: bool) -> int:
     """Run the worker in the foreground (same process group: Ctrl-C asks it for a graceful stop)."""
-    cmd = [sys.executable, "-m", "vapo_engine.trainer", str(run_dir)] + (["--resume"] if resume else [])
-    rc = subprocess.call(cmd)
+    from vapo_engine.jobs.runner import worker_command
+    rc = subprocess.call(worker_command(run_dir, resume))
     summary_path = run_dir / "summary.json"
     if rc != 0 or not summary_path.is_file():
         return rc or 1

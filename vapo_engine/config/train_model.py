@@ -150,8 +150,8 @@ class DistributedConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; auto = nccl on CUDA, gloo on CPU."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """ddp: replicate weights, all-reduce gradients; fsdp: shard parameters, gradients and optimizer state
-    (FSDP2 fully_shard) for models that do not fit one device."""
+    """ddp: replicate weights, all-reduce gradients. fsdp (sharded parameters, FSDP2 fully_shard) is reserved
+    and refused for now: sharded generation needs lock-step decoding across ranks, not built yet."""
 
     @property
     def world_size(self) -> int:
@@ -187,6 +187,10 @@ class TrainConfig(Section):
             raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
                                f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
         d = self.distributed
+        if d.strategy == "fsdp":
+            raise FieldProblem("distributed.strategy", "fsdp is not supported yet (sharded rollouts need "
+                               "lock-step generation across ranks)", "use strategy = \"ddp\" (each rank holds "
+                               "the full model; fits models up to roughly a third of one device's memory)")
         if d.node_rank >= d.nnodes:
             raise FieldProblem("distributed.node_rank", f"node_rank {d.node_rank} must be < nnodes {d.nnodes}",
                                f"use 0 … {d.nnodes - 1}")

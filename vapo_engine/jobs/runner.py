@@ -23,12 +23,20 @@ HEARTBEAT_S = 2.0
 STOP_GRACE_S = 60.0
 
 
-def worker_command(run_dir: Path, resume: bool, nprocs: int = 1) -> list[str]:
-    if nprocs > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}"]
-        cmd = launcher + ["-m", "vapo_engine.trainer", str(run_dir)]
-    else:
-        cmd = [sys.executable, "-m", "vapo_engine.trainer", str(run_dir)]
+def worker_command(run_dir: Path, resume: bool) -> list[str]:
+    """`python -m vapo_engine.trainer RUN_DIR`, under torchrun when the run's [distributed] section asks
+    for more than one process (standalone rendezvous on one node, c10d at rdzv_endpoint across nodes)."""
+    d = _read_json(Path(run_dir) / "config.json").get("distributed", {})
+    nproc, nnodes = int(d.get("nproc_per_node", 1)), int(d.get("nnodes", 1))
+    cmd = [sys.executable, "-m", "vapo_engine.trainer", str(run_dir)]
+    if nproc * nnodes > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+        if nnodes > 1:
+            launch += [f"--nnodes={nnodes}", f"--node_rank={d.get('node_rank', 0)}", "--rdzv_backend=c10d",
+                       f"--rdzv_endpoint={d.get('rdzv_endpoint')}", f"--rdzv_id={Path(run_dir).name}"]
+        else:
+            launch += ["--standalone"]
+        cmd = launch + ["-m", "vapo_engine.trainer", str(run_dir)]
     return cmd + (["--resume"] if resume else [])
 
 
@@ -39,7 +47,7 @@ def supervise(root: Path, run_id: str) -> int:
         return 2
     reg.update(run_id, pid=os.getpid(), heartbeat=time.time(), message="training; poll run_status")
     log = open(rec.run_dir / "worker.log", "ab", buffering=0)
-    child = subprocess.Popen(worker_command(rec.run_dir, rec.resume, rec.nprocs), stdout=log,
+    child = subprocess.Popen(worker_command(rec.run_dir, rec.resume), stdout=log,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_worker_env())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: _request_stop(child, stop))

@@ -7,6 +7,7 @@ traceback), 1 a crash (traceback on stderr, which the run manager keeps in the r
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -28,14 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     from .models import ModelLoadError
     from .progress import print_record
     from vapo_engine.runs import load_run
+    main_rank = os.environ.get("RANK", "0") == "0"
+    quiet = (lambda *a, **k: None)
     try:
         total = load_run(args.run_dir)[1].training.total_steps
         summary = train(args.run_dir, resume=args.resume, should_stop=lambda: stop["flag"],
-                        on_record=lambda r: print_record(r, total), log=lambda m: print(m, flush=True))
+                        on_record=(lambda r: print_record(r, total)) if main_rank else quiet,
+                        log=(lambda m: print(m, flush=True)) if main_rank else quiet)
     except (TaskError, ModelLoadError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    print(f"done: {summary['status']} after {summary['steps']} steps", flush=True)
+    if main_rank:
+        print(f"done: {summary['status']} after {summary['steps']} steps", flush=True)
     return 0
 
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import torch
 
-from vapo_engine.algo import get_advantage_estimator, length_adaptive_lambda, masked_mean, masked_var, masked_whiten
+from vapo_engine.algo import (get_advantage_estimator, length_adaptive_lambda, masked_moments, masked_whiten,
+                              moments_to_mean_var)
 from vapo_engine.config import TrainConfig
 from vapo_engine.rollout.experience import Rollout
 
@@ -31,22 +32,21 @@ def policy_lambda(cfg: TrainConfig, mask: torch.Tensor) -> tuple[torch.Tensor, t
                                                                                   device=mask.device)
 
 
-def add_advantages(ro: Rollout, cfg: TrainConfig, *, lam_override: float | None = None) -> tuple[Rollout, dict]:
-    """Rollout with `advantages` (whitened if configured) and `returns`; plus the vapo/… metrics."""
+def add_advantages(ro: Rollout, cfg: TrainConfig, *, reduce_sum=lambda t: t) -> tuple[Rollout, dict]:
+    """Rollout with `advantages` (whitened if configured, with global statistics: `reduce_sum` all-reduces
+    the moments across ranks) and `returns`; plus the vapo/… metrics."""
     mask = ro.response_mask
     lam, clamped = policy_lambda(cfg, mask)
-    if lam_override is not None:
-        lam = torch.full_like(lam, lam_override)
     name = estimator_name(cfg)
     adv, ret = get_advantage_estimator(name)(
         token_rewards=ro.token_rewards, values=ro.values, mask=mask, scores=ro.scores,
         group_size=cfg.vapo.group_size, lam_policy=lam, lam_critic=cfg.vapo.lambda_critic, gamma=1.0)
+    mean, var = moments_to_mean_var(reduce_sum(masked_moments(adv, mask)))
     metrics = {"vapo/lambda_policy_mean": float(lam.float().mean()), "vapo/lambda_policy_min": float(lam.min()),
                "vapo/lambda_clamped_frac": float(clamped.float().mean()),
-               "vapo/advantage_mean": float(masked_mean(adv, mask)),
-               "vapo/advantage_std": float(masked_var(adv, mask).clamp(min=0).sqrt())}
+               "vapo/advantage_mean": float(mean), "vapo/advantage_std": float(var.clamp(min=0).sqrt())}
     if cfg.vapo.whiten_advantages and name != "grpo":
-        adv = masked_whiten(adv, mask) * mask
+        adv = masked_whiten(adv, mask, mean=mean.to(adv.dtype), var=var.to(adv.dtype)) * mask
     return replace(ro, advantages=adv.detach(), returns=None if ret is None else ret.detach()), metrics
 
 

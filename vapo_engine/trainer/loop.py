@@ -19,12 +19,13 @@ from typing import Callable
 
 import torch
 
-from vapo_engine.algo import explained_variance, masked_mean
+from vapo_engine.algo import ev_from_stats, ev_stats, masked_mean
 from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
 from vapo_engine.runs import write_json_atomic
 
 from .advantages import add_advantages, monte_carlo_returns
 from .checkpoint import save_checkpoint
+from .distributed import shutdown
 from .evaluate import evaluate
 from .replay import replay_count
 from .setup import Trainer, build_trainer
@@ -51,32 +52,35 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
             _on_intervals(tr, before, on_record)
             if stop_after is not None and tr.step >= stop_after:
                 return {"status": "interrupted", "step": tr.step}
-            if should_stop():
+            if float(tr.world.sum(torch.tensor([float(should_stop())]))) > 0:  # every rank stops together
                 status = "stopped"
                 break
         final = _evaluate(tr, on_record) if status == "succeeded" else tr.history.get("last_eval", {})
-        save_checkpoint(run_dir, tr.step, tr.models, tr.state_dict())
+        _save(tr)
         summary = _summary(tr, status, final, time.time() - t0)
-        write_json_atomic(run_dir / "summary.json", summary)
+        if tr.world.is_main:
+            write_json_atomic(run_dir / "summary.json", summary)
         return summary
     finally:
         tr.logger.close()
+        shutdown(tr.world)
 
 
 def value_pretrain_step(tr: Trainer) -> dict[str, float]:
     """One critic-only update on fresh rollouts of the (unchanged) initial policy, λ = 1 targets."""
     ro = monte_carlo_returns(_collect(tr))
-    ev = _explained_var("critic/pretrain_explained_var", ro)
-    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro, None, tr.spec, train_actor=False)
+    ev = _explained_var("critic/pretrain_explained_var", ro, tr.world)
+    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro, None, tr.spec, train_actor=False,
+                    reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
     tr.sched_critic.step()
     tr.pretrain_step += 1
-    return {"critic/pretrain_value_loss": m["critic/value_loss"], **ev,
-            "rollout/accuracy": float(ro.correct.float().mean())}
+    return (tr.world.reduce_metrics({"critic/pretrain_value_loss": m["critic/value_loss"]}, "sum")
+            | tr.world.reduce_metrics({"rollout/accuracy": float(ro.correct.float().mean())}) | ev)
 
 
-def _explained_var(name: str, ro) -> dict[str, float]:
-    """EV of the old values vs the critic targets; omitted when undefined (targets without variance)."""
-    ev = float(explained_variance(ro.values, ro.returns, ro.response_mask))
+def _explained_var(name: str, ro, world) -> dict[str, float]:
+    """EV of the old values vs the critic targets from global statistics; omitted when undefined."""
+    ev = float(ev_from_stats(world.sum(ev_stats(ro.values, ro.returns, ro.response_mask))))
     return {name: ev} if math.isfinite(ev) else {}
 
 
@@ -84,30 +88,46 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
     ro = _collect(tr)
-    ro, metrics = add_advantages(ro, tr.cfg)
+    ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.world.sum)
     metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size))
+    if ro.values is not None:
+        metrics.update(_explained_var("critic/explained_var", ro, tr.world))
     t1 = time.perf_counter()
     updates = []
     for _ in range(tr.cfg.training.ppo_epochs):
-        for idx in _minibatches(ro.size, tr.cfg.mini_batch_size):
+        for idx in _minibatches(ro.size, tr.cfg.mini_batch_size // tr.world.world_size):
             if tr.step >= tr.cfg.training.total_steps:
                 break
             updates.append(_one_update(tr, ro.rows(idx)))
     tr.replay.add_correct(ro)
     tr.rollout_step += 1
     t2 = time.perf_counter()
-    metrics.update({k: sum(u[k] for u in updates) / len(updates) for k in updates[0]} if updates else {})
+    upd = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]} if updates else {}
+    shares = {k: v for k, v in upd.items() if k in SUMMED_ACROSS_RANKS}
+    metrics.update({k: v for k, v in upd.items() if k not in shares})
     metrics.update({"vapo/replay_size": len(tr.replay), "actor/lr": tr.sched_actor.get_last_lr()[0],
                     "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
                     "perf/update_samples_per_s": ro.size * len(updates) / max(t2 - t1, 1e-9)})
     if tr.sched_critic is not None:
         metrics["critic/lr"] = tr.sched_critic.get_last_lr()[0]
-    return metrics
+    return tr.world.reduce_metrics(metrics) | tr.world.reduce_metrics(shares, "sum")
+
+
+# update metrics that are this rank's share of a globally normalised quantity (see update.py): sum them
+SUMMED_ACROSS_RANKS = frozenset({"actor/pg_loss", "actor/positive_nll", "actor/kl_ref", "critic/value_loss",
+                                 "actor/pg_clipfrac", "actor/pg_clipfrac_high", "actor/pg_clipfrac_low",
+                                 "actor/approx_kl", "critic/vf_clipfrac", "vapo/positive_samples",
+                                 "vapo/replay_samples"})
 
 
 def _collect(tr: Trainer):
-    cfg = tr.cfg
-    problems = [p for p in tr.task.train_batch(cfg.prompts_per_step, tr.rng) for _ in range(cfg.vapo.group_size)]
+    """Every rank draws the same global prompt list (shared task RNG) and samples its own slice of groups,
+    so the global batch does not depend on the world size and a group never spans ranks."""
+    cfg, w = tr.cfg, tr.world
+    prompts = tr.task.train_batch(cfg.prompts_per_step, tr.rng)
+    share = cfg.prompts_per_step // w.world_size
+    mine = prompts[w.rank * share:(w.rank + 1) * share]
+    problems = [p for p in mine for _ in range(cfg.vapo.group_size)]
     ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
                         temperature=cfg.model.temperature, top_p=cfg.model.top_p)
     return attach_old_outputs(tr.models, ro, cfg.micro_batch_size)
@@ -118,9 +138,10 @@ def _one_update(tr: Trainer, mini) -> dict[str, float]:
     v = tr.cfg.vapo
     if v.positive_replay and v.positive_lm_coef > 0:
         n = replay_count(int(mini.correct.sum()), v.replay_ratio, len(tr.replay))
-        pairs = tr.replay.sample(n, tr.rng)
+        pairs = tr.replay.sample(n, tr.replay_rng)
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device) if pairs else None
-    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic)
+    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic,
+                    reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
     tr.sched_actor.step()
     if tr.sched_critic is not None:
         tr.sched_critic.step()
@@ -145,28 +166,39 @@ def _rollout_metrics(ro, group_size: int) -> dict[str, float]:
            "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
            "actor/entropy": float(masked_mean(ro.entropy, ro.response_mask))}
     if ro.values is not None and ro.returns is not None:
-        out.update(_explained_var("critic/explained_var", ro))
         out["critic/value_mean"] = float(masked_mean(ro.values, ro.response_mask))
         out["critic/return_mean"] = float(masked_mean(ro.returns, ro.response_mask))
     return out
 
 
 def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
+    """Rank 0 evaluates (the others wait); every rank keeps the result in its history."""
     c = tr.cfg
-    m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
-                 samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
-                 temperature=c.model.temperature, top_p=c.model.top_p, seed=tr.info.seed + 7919 * tr.step)
-    on_record(tr.logger.log(tr.step, "eval", m))
+    m = {}
+    if tr.world.is_main:
+        m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
+                     samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
+                     temperature=c.model.temperature, top_p=c.model.top_p,
+                     seed=tr.info.seed + 7919 * tr.step)
+        on_record(tr.logger.log(tr.step, "eval", m))
+    m = tr.world.broadcast_object(m)
     tr.history["last_eval"] = m
     return m
 
 
 def _on_intervals(tr: Trainer, before: int, on_record) -> None:
     crossed = (lambda every: tr.step // every > before // every)
-    if crossed(tr.cfg.eval.eval_interval):
+    if crossed(tr.cfg.eval.eval_interval) and tr.step < tr.cfg.training.total_steps:  # the end has its own
         _evaluate(tr, on_record)
     if crossed(tr.cfg.eval.save_interval):
+        _save(tr)
+
+
+def _save(tr: Trainer) -> None:
+    """Rank 0 writes the checkpoint (full weights: every rank holds them under ddp); the others wait."""
+    if tr.world.is_main:
         save_checkpoint(tr.info.run_dir, tr.step, tr.models, tr.state_dict())
+    tr.world.barrier()
 
 
 def _summary(tr: Trainer, status: str, final: dict, seconds: float) -> dict:

@@ -38,13 +38,13 @@ class Models:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("training.device = \"cuda\" but CUDA is not available; set training.device = "
                              "\"auto\" or \"cpu\"")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
 
 
 def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:

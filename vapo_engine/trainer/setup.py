@@ -17,6 +17,7 @@ from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.tasks import get_task
 
 from .checkpoint import latest_checkpoint, load_trainer_state, restore_rng
+from .distributed import World, init_world
 from .logger import MetricsLogger, NullLogger
 from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
 from .replay import ReplayBuffer
@@ -38,6 +39,8 @@ class Trainer:
     rng: random.Random
     logger: object
     spec: UpdateSpec
+    world: World = field(default_factory=World)
+    replay_rng: random.Random = field(default_factory=random.Random)
     step: int = 0
     pretrain_step: int = 0
     rollout_step: int = 0
@@ -53,15 +56,17 @@ class Trainer:
                 "opt_actor": self.opt_actor.state_dict(), "sched_actor": self.sched_actor.state_dict(),
                 "opt_critic": self.opt_critic.state_dict() if self.opt_critic else None,
                 "sched_critic": self.sched_critic.state_dict() if self.sched_critic else None,
-                "replay": self.replay.state_dict(), "rng": rng_state(self.rng), "history": self.history}
+                "replay": self.replay.state_dict(), "rng": rng_state(self.rng),
+                "replay_rng": self.replay_rng.getstate(), "history": self.history,
+                "world_size": self.world.world_size}
 
 
-def update_spec(cfg: TrainConfig) -> UpdateSpec:
+def update_spec(cfg: TrainConfig, world: World | None = None) -> UpdateSpec:
     v, t = cfg.vapo, cfg.training
     return UpdateSpec(policy_loss="clip_higher", clip_low=t.clip_range, clip_high=max(v.clip_range_high, t.clip_range),
                       dual_clip=v.dual_clip or None, reduction=v.reduction, positive_lm_coef=v.positive_lm_coef,
                       kl_coef=t.kl_coef, value_clip=v.value_clip_range or None, max_grad_norm=t.max_grad_norm,
-                      micro_batch=cfg.micro_batch_size)
+                      micro_batch=min(cfg.micro_batch_size, cfg.mini_batch_size // (world or World()).world_size))
 
 
 def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
@@ -71,15 +76,19 @@ def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
 def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, log=print) -> Trainer:
     """Everything for `run_dir`; with `resume`, weights and state come from the newest complete checkpoint."""
     info, cfg = load_run(run_dir)
-    torch.manual_seed(info.seed)
-    base = resolve_model_path(cfg.model.local_path, log=log)
+    world = init_world(cfg.distributed.backend, cfg.training.device)
+    torch.manual_seed(info.seed + 1_000_003 * world.rank)
+    base = resolve_model_path(cfg.model.local_path, log=log) if world.is_main else None
+    base = Path(world.broadcast_object(str(base)))  # rank 0 builds the tiny model once; others wait here
     ckpt = latest_checkpoint(run_dir) if resume else None
-    device = pick_device(cfg.training.device)
+    device = pick_device(cfg.training.device, world.local_rank)
     need_value = cfg.training.algorithm != "grpo"
     value_src = (ckpt / "value") if ckpt else (cfg.model.value_path or base)
     models = load_models(ckpt / "policy" if ckpt else base, value_path=value_src, need_value=need_value,
                          reference_path=base if cfg.training.kl_coef > 0 else None, device=device,
                          autocast_dtype=pick_autocast(cfg.model.dtype, device))
+    for m in (models.policy, models.value):
+        world.broadcast_parameters(m)
     t = cfg.training
     opt_a = torch.optim.AdamW(models.policy.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     opt_c = torch.optim.AdamW(models.value.parameters(), lr=cfg.vapo.value_learning_rate,
@@ -89,7 +98,8 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
                  _warmup_constant(opt_c, t.warmup_steps) if opt_c else None,
                  get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir),
                  ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
-                 MetricsLogger(Path(run_dir)) if write else NullLogger(), update_spec(cfg))
+                 MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger(), update_spec(cfg, world),
+                 world, random.Random(info.seed + 7 + world.rank))
     if ckpt is not None:
         _restore(tr, load_trainer_state(ckpt))
         log(f"resumed from {ckpt.name} (policy step {tr.step})")
@@ -106,3 +116,8 @@ def _restore(tr: Trainer, st: dict) -> None:
     tr.replay.load_state_dict(st["replay"])
     tr.history = st.get("history", {})
     restore_rng(st["rng"], tr.rng)
+    if st.get("world_size", 1) == tr.world.world_size and tr.world.is_main:
+        tr.replay_rng.setstate(st["replay_rng"])
+    else:  # other ranks (or another world size): fresh, reproducible streams for this rank and step
+        torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)
+        tr.replay_rng.seed(tr.info.seed + 7 + tr.world.rank + 7919 * tr.step)

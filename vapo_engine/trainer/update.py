@@ -38,8 +38,10 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 
 def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | None, spec: UpdateSpec, *,
                 train_actor: bool = True, train_critic: bool = True,
-                reduce_sum: Callable[[torch.Tensor], torch.Tensor] = _identity) -> dict[str, float]:
-    """Accumulate over micro-batches, clip, step. Returns the step's metrics (actor/…, critic/…)."""
+                reduce_sum: Callable[[torch.Tensor], torch.Tensor] = _identity,
+                sync_grads: Callable[[torch.nn.Module], None] = lambda m: None) -> dict[str, float]:
+    """Accumulate over micro-batches, sync gradients across ranks, clip, step. Returns the step's metrics
+    (actor/…, critic/…). `reduce_sum` all-reduces the counts; `sync_grads` SUMs a model's gradients."""
     mask = mini.response_mask
     counts = reduce_sum(torch.stack([mask.sum(), torch.tensor(float(mini.size), device=mask.device),
                                      (mask * mini.correct[:, None]).sum()
@@ -65,8 +67,10 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
         sums["actor/positive_nll"] = sums.get("actor/positive_nll", 0.0) + float(nll.detach())
     out = dict(sums)
     if train_actor:
+        sync_grads(models.policy)
         out["actor/grad_norm"] = _clip_and_step(models.policy, opt_actor, spec.max_grad_norm)
     if train_critic:
+        sync_grads(models.value)
         out["critic/grad_norm"] = _clip_and_step(models.value, opt_critic, spec.max_grad_norm)
     return out
 

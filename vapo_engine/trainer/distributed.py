@@ -1,0 +1,116 @@
+"""Data parallelism for the trainer: process group, rank-aware devices, global reductions, gradient sync.
+
+Under `torchrun` (WORLD_SIZE > 1) every rank samples its own share of prompt groups, and everything that
+crosses samples is made global here: token/sequence counts of the losses, advantage-whitening moments,
+explained-variance statistics, logged metrics. Gradients are synchronised once per optimizer step by a
+SUM all-reduce (the losses are already divided by the global counts, so the sum is the full-batch
+gradient — what DDP computes), or the models are sharded with FSDP2 `fully_shard`. A single process gets
+the null versions of all of this. Only rank 0 writes metrics, state and checkpoints.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """All-reduce SUM of a tensor (returns a new tensor; identity for one process)."""
+        if not self.enabled:
+            return t
+        out = t.detach().clone()
+        if not out.is_floating_point():
+            out = out.double()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(t.dtype)
+
+    def reduce_metrics(self, metrics: dict[str, float], how: str = "mean") -> dict[str, float]:
+        """Combine each metric over ranks: "mean" (per-rank means of equal-sized shares) or "sum" (values
+        already divided by a global count, e.g. a token-mean loss share); `*_max` names take the maximum.
+        If the ranks disagree on the names, local values are kept."""
+        if not self.enabled:
+            return metrics
+        keys = sorted(metrics)
+        local = torch.tensor([[metrics[k], 1.0] for k in keys], dtype=torch.float64)
+        names = [None] * self.world_size
+        dist.all_gather_object(names, keys)
+        if any(n != keys for n in names):  # ranks disagree on names: fall back to local values
+            return metrics
+        dist.all_reduce(local, op=dist.ReduceOp.SUM)
+        out = {k: float(s if how == "sum" else s / max(c, 1.0)) for k, (s, c) in zip(keys, local.tolist())}
+        for k in ("actor/ratio_max", "rollout/response_length_max"):
+            if k in metrics:
+                t = torch.tensor([metrics[k]], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                out[k] = float(t)
+        return out
+
+    def sync_gradients(self, model: torch.nn.Module) -> None:
+        """SUM the gradients of all ranks (one flat all-reduce)."""
+        if not self.enabled:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def broadcast_parameters(self, model: torch.nn.Module | None) -> None:
+        """Make every rank start from rank 0's weights (e.g. a freshly initialised value head), as DDP does."""
+        if not self.enabled or model is None:
+            return
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(t.data, src=0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def broadcast_object(self, obj):
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_world(backend: str = "auto", device_pref: str = "auto") -> World:
+    """Join the process group when launched by torchrun; else a one-process world."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and device_pref != "cpu"
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return World(rank, size, local)
+
+
+def shutdown(world: World) -> None:
+    if world.enabled and dist.is_initialized():
+        dist.destroy_process_group()
