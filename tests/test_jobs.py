@@ -96,7 +96,7 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir):
     assert [r.run_id for r in list_runs(files, tag="t1")] == [run_id]
 
     # a longer run: kill its trainer process mid-way → failed with a resume path → resume finishes it
-    long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=40",
+    long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=20",
                                                                      "eval.save_interval=2"))
     rid = long.run.run_id
     run_dir = mgr.get(rid).run_dir
@@ -112,6 +112,39 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir):
     assert resumed.resumed_from == rid and resumed.run_id == f"{rid}-r1"
     fin = mgr.wait(resumed.run_id, timeout=300)
     assert fin.state is State.SUCCEEDED, run_status(files, resumed.run_id).log_tail
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 20
     with pytest.raises(RunError, match="unknown run id"):
         run_status(files, "nope")
+
+
+def _wait_for_step(run_dir, step: int, timeout: float = 180) -> None:
+    from vapo_engine.metrics import read_metrics
+    end = time.time() + timeout
+    while time.time() < end:
+        if any(r.get("kind") == "train" and r["step"] >= step for r in read_metrics(run_dir / "metrics.jsonl")):
+            return
+        time.sleep(0.3)
+    raise AssertionError("no training progress")
+
+
+def test_graceful_stop_and_dead_supervisor_recovery(files, model_dir, monkeypatch):
+    from tools.training import start_training, stop_run
+    from vapo_engine.config import load_settings
+    from vapo_engine.jobs import RunManager, manager
+    from vapo_engine.runs import runs_root
+    mgr = RunManager(runs_root(load_settings(files.settings), files.settings))
+    rid = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=400")).run.run_id
+    _wait_for_step(mgr.get(rid).run_dir, 1)
+    assert stop_run(files, rid).state == "running"  # asked; the worker checkpoints, then exits
+    rec = mgr.wait(rid, timeout=120)
+    assert rec.state is State.STOPPED and "resume_run" in rec.message
+    assert any((p / "DONE").exists() for p in (rec.run_dir / "checkpoints").glob("step-*"))
+
+    rid = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=400")).run.run_id
+    _wait_for_step(mgr.get(rid).run_dir, 1)
+    os.killpg(mgr.get(rid).pid, signal.SIGKILL)  # supervisor and worker die without a word
+    monkeypatch.setattr(manager, "STALE_AFTER_S", 1.0)
+    time.sleep(1.5)
+    assert rid in mgr.recover()
+    rec = mgr.get(rid)
+    assert rec.state is State.FAILED and "died without reporting" in rec.message and "resume_run" in rec.message
