@@ -1,6 +1,7 @@
 """Shared fixtures: paths of the shipped files and a helper to run the CLI in-process."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,3 +25,19 @@ def clean_env(monkeypatch):
     for name in ("TAOTOKEN_API_KEY", "TAOTOKEN_BASE_URL", "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny untrained Qwen2 model directory (hidden 32, 2 layers), saved with save_pretrained."""
+    from vapo_engine.trainer.tiny_model import make_model_dir
+    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
+
+
+def write_workspace(folder: Path) -> tuple[Path, Path]:
+    """Copies of config.toml and settings.json in `folder`, with runs going to `folder`/logs."""
+    s = json.loads((ROOT / "settings.json").read_text())
+    s["runtime"]["log_dir"] = str(folder / "logs")
+    (folder / "settings.json").write_text(json.dumps(s))
+    (folder / "config.toml").write_text((ROOT / "config.toml").read_text())
+    return folder / "config.toml", folder / "settings.json"

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, write_workspace
 from tests.engine_helpers import make_run
 from vapo_engine.metrics import read_metrics
 
@@ -18,12 +18,6 @@ from vapo_engine.metrics import read_metrics
 # same global batch (the prompt list is drawn from a shared stream and split by rank)
 EXACT = ["model.temperature=0", "training.batch_size=8", "vapo.group_size=2", "training.mini_batch_size=8",
          "training.micro_batch_size=2", "vapo.positive_replay=false"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from vapo_engine.trainer.tiny_model import make_model_dir
-    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
 
 
 def _env():
@@ -54,9 +48,7 @@ def test_two_processes_equal_one_process_step(tmp_path, model_dir):
 
 
 def test_cli_launches_two_processes_metrics_once_and_resume_on_one(tmp_path, model_dir):
-    s = json.loads((ROOT / "settings.json").read_text())
-    s["runtime"]["log_dir"] = str(tmp_path / "logs")
-    (tmp_path / "settings.json").write_text(json.dumps(s))
+    write_workspace(tmp_path)
     cli = [sys.executable, "-m", "server.cli", "train", "--config", str(ROOT / "config.toml"), "--settings",
            str(tmp_path / "settings.json"), "--preset", "cpu-demo", "--json",
            "--set", f'model.local_path="{model_dir}"', "--set", "distributed.nproc_per_node=2"]

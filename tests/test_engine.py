@@ -14,12 +14,6 @@ from vapo_engine.metrics import CATALOGUE, read_metrics
 from vapo_engine.variants import VARIANTS
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from vapo_engine.trainer.tiny_model import make_model_dir
-    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_variant_runs_and_writes_metrics_and_checkpoint(tmp_path, model_dir, variant):
     from vapo_engine.config import load_config

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import write_workspace
 from tests.engine_helpers import FAST
 from vapo_engine.jobs import Registry, RunError, State
 from vapo_engine.jobs.states import InvalidTransition, check_transition
@@ -47,21 +47,11 @@ def test_registry_claims_are_exclusive_across_processes(tmp_path):
     assert len(claimed) == 2 and len(set(claimed)) == 2  # 2 slots in total, never double-claimed
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from vapo_engine.trainer.tiny_model import make_model_dir
-    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
-
-
 @pytest.fixture
 def files(tmp_path, model_dir):
     """config.toml + settings.json in a temp folder whose runs go to tmp_path/logs."""
     from tools.paths import Files
-    s = json.loads((ROOT / "settings.json").read_text())
-    s["runtime"]["log_dir"] = str(tmp_path / "logs")
-    (tmp_path / "settings.json").write_text(json.dumps(s))
-    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
-    return Files(tmp_path / "config.toml", tmp_path / "settings.json")
+    return Files(*write_workspace(tmp_path))
 
 
 def _over(model_dir, *extra):

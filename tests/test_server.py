@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import ROOT
+from tests.conftest import write_workspace
 from tests.engine_helpers import FAST
 from tests.fake_openai import CANARY, FakeOpenAI
 
@@ -25,19 +25,10 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from vapo_engine.trainer.tiny_model import make_model_dir
-    return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
-
-
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
     """settings/config in tmp (runs under tmp/logs), the server's file env pointing at them, a canary key."""
-    s = json.loads((ROOT / "settings.json").read_text())
-    s["runtime"]["log_dir"] = str(tmp_path / "logs")
-    (tmp_path / "settings.json").write_text(json.dumps(s))
-    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
+    write_workspace(tmp_path)
     monkeypatch.setenv("VAPO_MCP_SETTINGS", str(tmp_path / "settings.json"))
     monkeypatch.setenv("VAPO_MCP_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("TAOTOKEN_API_KEY", CANARY)

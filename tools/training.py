@@ -3,6 +3,7 @@ pydantic models; no mcp, no torch. Long work never blocks: each call returns at 
 """
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 
@@ -58,7 +59,6 @@ def _view(rec: RunRecord) -> RunView:
     evals = [r for r in recs if r.get("kind") == "eval"]
     total = None
     try:
-        import json
         total = json.loads((rec.run_dir / "config.json").read_text())["training"]["total_steps"]
     except (OSError, ValueError, KeyError):
         pass

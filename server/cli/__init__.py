@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .common import UserError, report_error
+from .common import report_error
 
 COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.channel_cmd"]
 

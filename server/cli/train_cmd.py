@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from vapo_engine.config import load_config, load_settings, preset_names, resolve_channel
