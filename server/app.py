@@ -152,14 +152,14 @@ def _training_tools(mcp: MCPServer) -> None:
     async def start_training(
         preset: Annotated[str | None, Field(max_length=200, description="'cpu-demo' (built-in tiny model, ~3 min "
                                                                           "on a CPU) or a .toml of overrides")] = None,
-        overrides: Overrides = [],
-        tags: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = [],
+        overrides: Overrides | None = None,
+        tags: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None,
     ) -> training.StartResult:
         """Validate config.toml + preset + overrides (errors name the key and the fix), then start a VAPO run
         in a detached worker that survives this server. Returns the run id at once; poll run_status."""
         f = files()
         return await anyio.to_thread.run_sync(lambda: training.start_training(
-            f, preset=preset, overrides=list(overrides), tags=list(tags)))
+            f, preset=preset, overrides=list(overrides or []), tags=list(tags or [])))
 
     @mcp.tool(annotations=STARTS)
     @agent_errors
@@ -168,13 +168,13 @@ def _training_tools(mcp: MCPServer) -> None:
             max_length=len(VARIANTS), description="variants to run (default: full VAPO, every 'w/o X', PPO, "
                                                   "GRPO); full VAPO is always included")] = None,
         preset: Annotated[str | None, Field(max_length=200, description="e.g. 'cpu-demo'")] = None,
-        overrides: Overrides = [],
+        overrides: Overrides | None = None,
     ) -> training.AblationStart:
         """Run full VAPO and 'w/o X' variants (and PPO/GRPO baselines) with the same budget and seed, one after
         another. Returns an ablation id; report_metrics(ablation id) gives the comparison table and plot."""
         f = files()
         return await anyio.to_thread.run_sync(lambda: training.ablate(
-            f, variants=list(variants) if variants else None, preset=preset, overrides=list(overrides)))
+            f, variants=list(variants) if variants else None, preset=preset, overrides=list(overrides or [])))
 
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors

@@ -18,6 +18,7 @@ vgrads = torch.cat([p.grad.reshape(-1) for p in tr.models.value.parameters() if 
 if tr.world.is_main:
     torch.save({"metrics": metrics, "grads": grads, "vgrads": vgrads}, out)
 tr.world.barrier()
-from vapo_engine.trainer.distributed import shutdown  # noqa: E402
+from vapo_engine.trainer.distributed import shutdown
+
 shutdown(tr.world)
 print(json.dumps({"rank": tr.world.rank, "world": tr.world.world_size}))

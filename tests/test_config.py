@@ -8,8 +8,7 @@ import pytest
 
 from server.cli import main
 from tests.conftest import CANARY_KEY, ROOT
-from vapo_engine.config import (ConfigError, TrainConfig, load_config, load_settings, redact,
-                                resolve_channel)
+from vapo_engine.config import ConfigError, TrainConfig, load_config, load_settings, redact, resolve_channel
 
 
 def _issue(fn, *args, **kw):

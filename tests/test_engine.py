@@ -68,8 +68,9 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
     torch.manual_seed(1)
     ro = monte_carlo_returns(_collect(tr))
     ro.scores[: ro.size // 2] = 1.0  # give the fixed batch a learnable signal: first half "correct"
-    from vapo_engine.rollout.experience import place_rewards
     from dataclasses import replace
+
+    from vapo_engine.rollout.experience import place_rewards
     ro = monte_carlo_returns(replace(ro, token_rewards=place_rewards(ro.scores, ro.response_mask)))
 
     def loss():
@@ -84,8 +85,12 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
 
 def test_reward_on_last_valid_token_and_values_aligned(model_dir):
     """Hand-made batch: rows with different prompt and response lengths, left/right padding."""
-    from vapo_engine.rollout.experience import (from_token_ids, place_rewards, response_log_probs,
-                                                response_values)
+    from vapo_engine.rollout.experience import (
+        from_token_ids,
+        place_rewards,
+        response_log_probs,
+        response_values,
+    )
     from vapo_engine.trainer.models import load_models
     m = load_models(model_dir, value_path=model_dir, need_value=True, reference_path=None,
                     device=torch.device("cpu"), autocast_dtype=None)

@@ -68,9 +68,9 @@ def _children(pid: int) -> list[int]:
 def test_start_poll_report_then_kill_and_resume(files, model_dir):
     from tools.report import report_metrics
     from tools.training import list_runs, resume_run, run_status, start_training
+    from vapo_engine.config import load_settings
     from vapo_engine.jobs import RunManager
     from vapo_engine.runs import runs_root
-    from vapo_engine.config import load_settings
     mgr = RunManager(runs_root(load_settings(files.settings), files.settings))
     started = start_training(files, preset="cpu-demo", overrides=_over(model_dir), tags=["t1"])
     run_id = started.run.run_id

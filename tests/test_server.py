@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import anyio
 import httpx
 import pytest
 from mcp import Client, StdioServerParameters
@@ -146,7 +147,7 @@ async def _poll(c, run_id, timeout=300):
         st = await c.call_tool("run_status", {"run_id": run_id})
         if st.structured_content["run"]["state"] in ("succeeded", "failed", "stopped"):
             return st.structured_content
-        time.sleep(1)
+        await anyio.sleep(1)
     raise AssertionError("run did not finish")
 
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - user errors become messages, bugs keep their traceback
+    except Exception as e:
         if report_error(e):
             return 2
         raise

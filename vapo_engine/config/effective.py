@@ -7,9 +7,9 @@ The result records which source won for each value and never shows the key unred
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from dotenv import dotenv_values
 

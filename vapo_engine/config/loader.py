@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import difflib
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, FieldProblem
 from .secrets import redact
 from .settings_model import Settings
 from .train_model import TrainConfig
-
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 

@@ -177,7 +177,7 @@ class TrainConfig(Section):
     """[distributed] scale-out with torchrun (processes, nodes, backend, strategy)."""
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "TrainConfig":
+    def _cross_checks(self) -> TrainConfig:
         t, g = self.training, self.vapo.group_size
         if t.batch_size % g:
             raise FieldProblem("training.batch_size", f"batch_size {t.batch_size} is not divisible by "

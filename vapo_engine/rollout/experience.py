@@ -44,7 +44,7 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return response_lengths(self.response_mask)
 
-    def rows(self, idx: torch.Tensor | slice) -> "Rollout":
+    def rows(self, idx: torch.Tensor | slice) -> Rollout:
         """The sub-batch of rows `idx` (tensors sliced, texts kept aligned)."""
         out = {}
         for f in fields(self):

@@ -24,11 +24,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _ask_stop)
     signal.signal(signal.SIGINT, _ask_stop)
+    from vapo_engine.runs import load_run
     from vapo_engine.tasks import TaskError
+
     from .loop import train
     from .models import ModelLoadError
     from .progress import print_record
-    from vapo_engine.runs import load_run
     main_rank = os.environ.get("RANK", "0") == "0"
     quiet = (lambda *a, **k: None)
     try:

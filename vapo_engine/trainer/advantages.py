@@ -10,8 +10,13 @@ from dataclasses import replace
 
 import torch
 
-from vapo_engine.algo import (get_advantage_estimator, length_adaptive_lambda, masked_moments, masked_whiten,
-                              moments_to_mean_var)
+from vapo_engine.algo import (
+    get_advantage_estimator,
+    length_adaptive_lambda,
+    masked_moments,
+    masked_whiten,
+    moments_to_mean_var,
+)
 from vapo_engine.config import TrainConfig
 from vapo_engine.rollout.experience import Rollout
 

@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer,
-                          PreTrainedModel)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 from transformers.utils import logging as hf_logging
 
 

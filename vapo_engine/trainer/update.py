@@ -7,8 +7,8 @@ correct responses plus replayed ones, over one joint denominator. Does not sampl
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
