@@ -65,7 +65,8 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def test_start_poll_report_then_kill_and_resume(files, model_dir):
+def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
+    from server.cli import main
     from tools.report import report_metrics
     from tools.training import list_runs, resume_run, run_status, start_training
     from vapo_engine.config import load_settings
@@ -84,6 +85,11 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir):
     assert open(rep.plot_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert report_metrics(files, run_id, cursor=2, limit=2).next_cursor is None
     assert [r.run_id for r in list_runs(files, tag="t1")] == [run_id]
+    cli = ["--config", str(files.config), "--settings", str(files.settings)]
+    assert main(["runs", "list", *cli]) == 0 and run_id in capsys.readouterr().out
+    assert main(["runs", "status", run_id, *cli]) == 0 and "succeeded" in capsys.readouterr().out
+    assert main(["report", run_id, *cli]) == 0 and "plot:" in capsys.readouterr().out
+    assert main(["runs", "stop", "nope", *cli]) == 2 and "unknown run id" in capsys.readouterr().err
 
     # a longer run: kill its trainer process mid-way → failed with a resume path → resume finishes it
     long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=20",

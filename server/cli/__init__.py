@@ -12,7 +12,7 @@ import sys
 
 from .common import report_error
 
-COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.channel_cmd"]
+COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.runs_cmd", "server.cli.channel_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

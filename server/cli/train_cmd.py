@@ -1,75 +1,101 @@
-"""`vapo-mcp train`: validate, create a run directory and train in the foreground with progress lines.
+"""`vapo-mcp train`: start a run (or resume one) and follow it in the foreground.
 
-The worker is the same process the MCP `start_training` tool runs detached (`python -m vapo_engine.trainer`);
-this command runs it in the foreground and prints its summary. `--resume RUN_ID` continues a run from its
-newest complete checkpoint.
+The run is an ordinary background job of the run manager (the same as `start_training`): registered,
+queued behind a running job, supervised with a heartbeat. This command prints the worker's progress lines
+as they come and the final summary; Ctrl-C asks the run to stop gracefully (checkpoint first), a second
+Ctrl-C leaves it running in the background (`vapo-mcp runs status RUN_ID`).
 """
 from __future__ import annotations
 
 import json
-import subprocess
+import time
 from pathlib import Path
 
-from vapo_engine.config import load_config, load_settings, preset_names, resolve_channel
-from vapo_engine.runs import create_run, find_run, freeze_paths, runs_root
+from tools.paths import ToolInputError, files, manager_for
+from tools.training import resume_run, start_training
+from vapo_engine.config import preset_names
+from vapo_engine.jobs import RunError
 
-from .common import UserError, add_file_options, dotenv_for, print_json
+from .common import UserError, add_file_options, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train with VAPO in the foreground (built-in tiny model by default)")
+    p = sub.add_parser("train", help="train with VAPO and follow the run (built-in tiny model by default)")
     add_file_options(p)
     p.add_argument("--preset", help=f"a built-in preset ({', '.join(preset_names())}) or a .toml of overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--tag", action="append", default=[], help="extra run tag (repeatable)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue this run from its newest checkpoint")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    settings = load_settings(args.settings)
-    root = runs_root(settings, args.settings)
-    if args.resume:
-        run_dir = find_run(root, args.resume)
-        if run_dir is None:
-            raise UserError(f"no run {args.resume!r} under {root}; list runs with `ls {root}/*/`")
-        return _train(run_dir, resume=True, as_json=args.json)
-    config = freeze_paths(load_config(args.config, args.set, preset=args.preset), Path(args.config).parent)
-    _check_data(config)
-    channel, _ = resolve_channel(settings, config, dotenv_path=dotenv_for(args.settings))
-    info = create_run(config, settings, root, channel_public=channel.public(), overrides=args.set,
-                      preset=args.preset)
-    print(f"run {info.run_id}: {info.run_dir}", flush=True)
-    return _train(info.run_dir, resume=False, as_json=args.json)
+    f = files(args.config, args.settings)
+    try:
+        view = resume_run(f, args.resume) if args.resume else \
+            start_training(f, preset=args.preset, overrides=args.set, tags=args.tag).run
+    except (RunError, ToolInputError) as e:
+        raise UserError(str(e)) from None
+    print(f"run {view.run_id}: {view.run_dir}", flush=True)
+    mgr, _ = manager_for(f)
+    rec = _follow(mgr, view.run_id, Path(view.run_dir) / "worker.log", quiet=args.json)
+    summary = _read(Path(rec.run_dir) / "summary.json") if rec.state.value in ("succeeded", "stopped") else {}
+    if args.json:
+        print_json({"run_id": rec.run_id, "state": rec.state.value, "message": rec.message, **summary})
+    else:
+        _print_summary(rec, summary)
+    return 0 if rec.state.value in ("succeeded", "stopped") else 2 if rec.message.startswith("bad input") else 1
 
 
-def _check_data(config) -> None:
-    """Load the training and held-out sets now, so a bad dataset fails before a run directory exists."""
-    from vapo_engine.tasks import TaskError, get_task
-    for spec in (config.data.train, config.eval.benchmark):
+def _follow(mgr, run_id: str, log: Path, *, quiet: bool):
+    """Print the worker log as it grows until the run is terminal; Ctrl-C → graceful stop, twice → detach."""
+    pos, asked_stop, waiting_said = 0, False, False
+    while True:
         try:
-            get_task(spec, config.data.data_dir)
-        except TaskError as e:
-            raise UserError(str(e)) from None
+            pos = _print_new(log, pos, quiet)
+            rec = mgr.get(run_id)
+            if rec.state.terminal:
+                _print_new(log, pos, quiet)
+                return rec
+            if rec.state.value == "queued" and not waiting_said:
+                print("queued: another run is using the device; waiting (Ctrl-C twice to detach)", flush=True)
+                waiting_said = True
+            time.sleep(0.5)
+            mgr.tick()
+        except KeyboardInterrupt:
+            if asked_stop:
+                raise UserError(f"detached; the run continues: vapo-mcp runs status {run_id}") from None
+            print("\nstopping after a checkpoint (Ctrl-C again to detach) ...", flush=True)
+            mgr.stop(run_id)
+            asked_stop = True
 
 
-def _train(run_dir: Path, *, resume: bool, as_json: bool) -> int:
-    """Run the worker in the foreground (same process group: Ctrl-C asks it for a graceful stop)."""
-    from vapo_engine.jobs.runner import worker_command
-    rc = subprocess.call(worker_command(run_dir, resume))
-    summary_path = run_dir / "summary.json"
-    if rc != 0 or not summary_path.is_file():
-        return rc or 1
-    summary = json.loads(summary_path.read_text())
-    if as_json:
-        print_json(summary)
-        return 0
-    s, f = summary["start_eval"], summary["final_eval"]
-    print(f"\n{summary['status']}: {summary['steps']} policy steps in {summary['seconds']:.0f}s")
+def _print_new(log: Path, pos: int, quiet: bool) -> int:
+    try:
+        with log.open("rb") as fh:
+            fh.seek(pos)
+            data = fh.read()
+    except OSError:
+        return pos
+    if data and not quiet:
+        print(data.decode("utf-8", "replace"), end="", flush=True)
+    return pos + len(data)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _print_summary(rec, summary: dict) -> None:
+    print(f"\n{rec.state.value}: {rec.message}")
+    s, f = summary.get("start_eval", {}), summary.get("final_eval", {})
     for name in ("eval/greedy_accuracy", "eval/sampled_accuracy"):
         if name in f:
             a, b = s.get(name), f[name]
-            print(f"  {name:22} {a if a is None else f'{a:.3f}'} → {b:.3f}"
+            print(f"  {name:22} {'–' if a is None else f'{a:.3f}'} → {b:.3f}"
                   + (f"  ({(b - a) * 100:+.1f} points)" if a is not None else ""))
-    print(f"  run dir: {run_dir}")
-    return 0
+    print(f"  run dir: {rec.run_dir}\n  more:    vapo-mcp report {rec.run_id}")

@@ -1,0 +1,107 @@
+"""`vapo-mcp runs …`, `vapo-mcp report`, `vapo-mcp ablate`: the run-manager tools for a person at a terminal.
+
+Same functions as the MCP tools (tools/training.py, tools/report.py); runs started here are detached
+background jobs like those of `start_training`.
+"""
+from __future__ import annotations
+
+from tools.paths import ToolInputError, files
+from tools.report import AblationReport, report_metrics
+from tools.training import ablate, list_runs, resume_run, run_status, stop_run
+from vapo_engine.jobs import RunError
+from vapo_engine.variants import VARIANTS
+
+from .common import UserError, add_file_options, add_json_option, print_json
+
+
+def register(sub) -> None:
+    runs = sub.add_parser("runs", help="list, inspect, stop and resume background runs")
+    rsub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    for name, helptext in (("list", "runs, newest first"), ("status", "one run's state, progress and log tail"),
+                           ("stop", "stop a run (graceful: checkpoint first)"),
+                           ("resume", "continue a failed/stopped run from its checkpoint")):
+        p = rsub.add_parser(name, help=helptext)
+        add_file_options(p)
+        add_json_option(p)
+        if name != "list":
+            p.add_argument("run_id")
+        if name == "list":
+            p.add_argument("--state")
+            p.add_argument("--tag")
+            p.add_argument("--limit", type=int, default=20)
+        if name == "stop":
+            p.add_argument("--force", action="store_true", help="SIGKILL at once")
+        p.set_defaults(func=_runs, action=name)
+    rep = sub.add_parser("report", help="metrics, trends and a plot of a run (or an ablation's table)")
+    add_file_options(rep)
+    add_json_option(rep)
+    rep.add_argument("run_id")
+    rep.set_defaults(func=_report)
+    abl = sub.add_parser("ablate", help="start full VAPO + 'w/o X' variants + baselines as background runs")
+    add_file_options(abl)
+    add_json_option(abl)
+    abl.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="default: the paper's table + PPO/GRPO")
+    abl.add_argument("--preset")
+    abl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    abl.set_defaults(func=_ablate)
+
+
+def _call(fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except (RunError, ToolInputError) as e:
+        raise UserError(str(e)) from None
+
+
+def _runs(args) -> int:
+    f = files(args.config, args.settings)
+    if args.action == "list":
+        out = _call(list_runs, f, state=args.state, tag=args.tag, limit=args.limit)
+        if args.json:
+            print_json([r.model_dump() for r in out])
+        for r in [] if args.json else out:
+            acc = r.latest_eval.get("eval/greedy_accuracy")
+            print(f"{r.run_id:28} {r.state:9} step {r.step}/{r.total_steps}  "
+                  f"{'' if acc is None else f'greedy acc {acc:.3f}  '}{r.variant or ''}  {r.message[:60]}")
+        return 0
+    fn = {"status": run_status, "stop": stop_run, "resume": resume_run}[args.action]
+    res = _call(fn, f, args.run_id, **({"force": args.force} if args.action == "stop" else {}))
+    if args.json:
+        print_json(res.model_dump())
+        return 0
+    run = getattr(res, "run", res)
+    print(f"{run.run_id}: {run.state} — {run.message}\n  step {run.step}/{run.total_steps}  dir {run.run_dir}")
+    if args.action == "status":
+        print(f"  next: {'; '.join(res.next_steps)}\n--- log tail ---\n{res.log_tail}")
+    return 0
+
+
+def _report(args) -> int:
+    res = _call(report_metrics, files(args.config, args.settings), args.run_id)
+    if args.json:
+        print_json(res.model_dump())
+        return 0
+    if isinstance(res, AblationReport):
+        print(res.table_markdown)
+    else:
+        print(f"{res.run_id}: {res.state}, step {res.step}")
+        for t in res.trends:
+            print(f"  {t.metric:28} {t.verdict:12} {t.detail}")
+        for e in res.evals[-5:]:
+            print("  eval " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in e.items()))
+    if res.plot_png:
+        print(f"plot: {res.plot_png}")
+    return 0
+
+
+def _ablate(args) -> int:
+    res = _call(ablate, files(args.config, args.settings), variants=args.variants, preset=args.preset,
+                overrides=args.set)
+    if args.json:
+        print_json(res.model_dump())
+        return 0
+    print(f"ablation {res.ablation_id}: {len(res.runs)} runs queued (one at a time)")
+    for r in res.runs:
+        print(f"  {r.variant:22} {r.run_id}")
+    print(f"table: vapo-mcp report {res.ablation_id}")
+    return 0
