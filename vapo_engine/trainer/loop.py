@@ -93,9 +93,9 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     if ro.values is not None:
         metrics.update(_explained_var("critic/explained_var", ro, tr.world))
     t1 = time.perf_counter()
-    updates = []
+    updates, mini_size = [], tr.cfg.mini_batch_size // tr.world.world_size
     for _ in range(tr.cfg.training.ppo_epochs):
-        for idx in _minibatches(ro.size, tr.cfg.mini_batch_size // tr.world.world_size):
+        for idx in _minibatches(ro.size, mini_size):
             if tr.step >= tr.cfg.training.total_steps:
                 break
             updates.append(_one_update(tr, ro.rows(idx)))
@@ -107,7 +107,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     metrics.update({k: v for k, v in upd.items() if k not in shares})
     metrics.update({"vapo/replay_size": len(tr.replay), "actor/lr": tr.sched_actor.get_last_lr()[0],
                     "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
-                    "perf/update_samples_per_s": ro.size * len(updates) / max(t2 - t1, 1e-9)})
+                    "perf/update_samples_per_s": len(updates) * mini_size / max(t2 - t1, 1e-9)})
     if tr.sched_critic is not None:
         metrics["critic/lr"] = tr.sched_critic.get_last_lr()[0]
     return tr.world.reduce_metrics(metrics) | tr.world.reduce_metrics(shares, "sum")

@@ -1,0 +1,127 @@
+"""Ablation: full VAPO and every "w/o X" variant of SPEC §3, plus PPO / GRPO / DAPO baselines (issue 8, bench 3).
+
+Same built-in tiny model, task, sample budget and seeds for every row; a variant is the cpu-demo recipe plus
+its overrides from vapo_engine.variants. The table is shaped like the paper's ablation (AIME 2024 avg@32,
+Qwen2.5-32B, ~5,000 steps); the paper's number is printed beside ours only for orientation — it is a
+different model, a different benchmark and a ~100x longer run, so the two columns are not comparable.
+
+    .venv/bin/python bench/ablation.py --reduced --reuse bench/results/sample_efficiency.json  # 60 steps, seed 1: ~25 min
+    .venv/bin/python bench/ablation.py                  # full: 600 steps x seeds 1,2,3 x 11 variants: ~6-8 h
+    .venv/bin/python bench/ablation.py --smoke --out /tmp/x
+
+`--reuse bench/results/sample_efficiency.json` takes the vapo / ppo / grpo runs with the same steps, seed and
+eval interval from that record instead of training them again (the runs are identical configurations).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+
+from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
+
+ROWS = (*DEFAULT_ABLATION, "dapo")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reduced", action="store_true", help="200 steps, seed 1 (minutes, not hours)")
+    p.add_argument("--steps", type=int, default=None, help="policy steps per run (full 600, reduced 200)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (full 1,2,3, reduced 1)")
+    p.add_argument("--eval-interval", type=int, default=None, help="policy steps between evals (steps/8)")
+    p.add_argument("--target", type=float, default=0.90, help="greedy held-out accuracy target")
+    p.add_argument("--variants", default=",".join(ROWS), help="variant names (vapo_engine.variants)")
+    p.add_argument("--reuse", default=None, help="records (comma-separated JSON paths) whose matching runs are reused")
+    p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
+    p.add_argument("--out", default=None, help="output folder (default bench/results)")
+    return p.parse_args(argv)
+
+
+def plan(args) -> tuple[int, list[int], int, tuple[str, ...]]:
+    if args.smoke:
+        return 2, [1], 1, common.SMOKE_OVERRIDES
+    steps = args.steps or (200 if args.reduced else 600)
+    seeds = common.parse_seeds(args.seeds or ("1" if args.reduced else "1,2,3"))
+    return steps, seeds, args.eval_interval or max(1, steps // 8), ()
+
+
+def reusable(paths: str | None, steps: int, every: int) -> dict[tuple[str, int], dict]:
+    """Runs of other records (comma-separated paths) trained with exactly this budget and no extra overrides,
+    by (variant, seed); the first path that has a run wins."""
+    found: dict[tuple[str, int], dict] = {}
+    for path in [p for p in (paths or "").split(",") if p and Path(p).is_file()]:
+        rec = json.loads(Path(path).read_text(encoding="utf-8"))
+        cfg = rec.get("config", {})
+        if (cfg.get("steps") != steps or cfg.get("eval_interval") != every or cfg.get("extra_overrides")
+                or cfg.get("smoke") or cfg.get("mode") == "smoke"):
+            continue
+        for r in rec.get("runs", []):
+            found.setdefault((r["variant"], r["seed"]), {**r, "reused_from": r.get("reused_from", path)})
+    return found
+
+
+def summarize(runs: list[dict], variants: list[str], target: float) -> list[dict]:
+    base = common.spread([r["final_greedy"] for r in runs if r["variant"] == "vapo"])["mean"]
+    rows = []
+    for v in variants:
+        mine = [r for r in runs if r["variant"] == v]
+        g = common.spread([r["final_greedy"] for r in mine])
+        rows.append({"variant": v, "description": VARIANTS[v].description, "paper_aime24": VARIANTS[v].paper_aime,
+                     "final_greedy": g, "final_sampled": common.spread([r["final_sampled"] for r in mine]),
+                     "delta_greedy_vs_vapo": None if base is None or g["mean"] is None else round(g["mean"] - base, 4),
+                     "steps_to_target": [common.steps_to_target(r["curve"], target) for r in mine],
+                     "mean_explained_var": common.spread([r["mean_explained_var"] for r in mine])["mean"],
+                     "mean_lambda_policy": common.spread([r["mean_lambda_policy"] for r in mine])["mean"],
+                     "mean_response_length": common.spread([r["mean_response_length"] for r in mine])["mean"],
+                     "wall_s": common.spread([r["wall_s"] for r in mine])["mean"]})
+    return rows
+
+
+def save(args, meta: dict, runs: list[dict], t0: float, load0, complete: bool):
+    """Write the record (after every run, so an interrupted ablation still leaves its finished rows)."""
+    done = [v for v in meta["variants"] if any(r["variant"] == v for r in runs)]
+    rows = summarize(runs, done, args.target)
+    record = {"config": meta, "complete": complete, "wall_s_total": round(time.time() - t0, 1),
+              "load_avg_start": load0, "load_avg_end": common.load_avg(),
+              "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
+                            "arXiv 2504.05118); a different model and benchmark, shown for orientation only",
+              "table": rows, "runs": runs}
+    path = common.write_record("ablation", record, Path(args.out) if args.out else None)
+    common.plot_curves(path.with_suffix(".png"), {v: [r["curve"] for r in runs if r["variant"] == v] for v in done},
+                       f"VAPO ablation, built-in addition, {meta['steps']} steps, seeds {meta['seeds']}")
+    return path, rows
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    steps, seeds, every, extra = plan(args)
+    variants = [v for v in args.variants.split(",") if v]
+    old = reusable(args.reuse, steps, every) if not args.smoke else {}
+    t0, load0, runs = time.time(), common.load_avg(), []
+    meta = {"preset": common.PRESET, "mode": "smoke" if args.smoke else ("reduced" if args.reduced else "full"),
+            "steps": steps, "seeds": seeds, "eval_interval": every, "target_greedy": args.target,
+            "variants": variants, "extra_overrides": list(extra), "reuse": args.reuse}
+    total = len(seeds) * len(variants)
+    for seed in seeds:
+        for v in variants:
+            r = old.get((v, seed)) or common.run_variant(v, seed, steps, every, extra)
+            runs.append(r)
+            tag = " (reused)" if "reused_from" in r else ""
+            print(f"{v:>20} seed {seed}: greedy {r['curve'][0]['greedy']:.3f} -> {r['final_greedy']:.3f}, "
+                  f"sampled {r['final_sampled']:.3f}, {r['wall_s']:.0f} s{tag}", flush=True)
+            path, rows = save(args, meta, runs, t0, load0, complete=len(runs) == total)
+    for row in rows:
+        g = row["final_greedy"]
+        print(f"{row['variant']:>20} | paper AIME {row['paper_aime24']} | ours greedy {g['mean']:.3f} "
+              f"(Δ {row['delta_greedy_vs_vapo']}) | EV {row['mean_explained_var']}")
+    print(f"wrote {path} and {path.with_suffix('.png')} in {time.time() - t0:.0f} s")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Shared pieces of the benchmarks: machine info, one training run of a variant, curve statistics, records.
+
+A benchmark run is an ordinary engine run (config.toml + the cpu-demo preset + a variant's overrides + the
+benchmark's own overrides) trained in-process in a temporary run directory that is deleted afterwards; only
+the numbers survive, in `bench/results/<name>.json`. Not a test: nothing here asserts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+PRESET = "cpu-demo"
+
+
+def machine_info() -> dict:
+    """CPU model (from /proc/cpuinfo), core counts, torch / transformers / python versions."""
+    import torch
+    import transformers
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def command_line() -> str:
+    """The exact command that produced a record (paths relative to the repository root)."""
+    argv = [os.path.relpath(sys.argv[0], REPO) if sys.argv and sys.argv[0].endswith(".py") else sys.argv[0]]
+    return " ".join(shlex.quote(a) for a in [".venv/bin/python", *argv, *sys.argv[1:]])
+
+
+def load_bench_config(variant: str, extra: list[str] | tuple[str, ...] = ()):
+    """config.toml + cpu-demo preset + the variant's overrides + `extra`; returns (config, overrides)."""
+    from vapo_engine.config import load_config
+    from vapo_engine.variants import get_variant
+    base = load_config(REPO / "config.toml", list(extra), preset=PRESET)
+    overrides = [*get_variant(variant).apply(base), *extra]
+    return load_config(REPO / "config.toml", overrides, preset=PRESET), overrides
+
+
+def settings_with_seed(seed: int):
+    from vapo_engine.config import load_settings
+    s = load_settings(REPO / "settings.json")
+    return s.model_copy(update={"experiment": s.experiment.model_copy(update={"seed": seed, "name": "bench"})})
+
+
+def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: tuple[str, ...] = (),
+                log=None) -> dict:
+    """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time)."""
+    from vapo_engine.metrics import read_metrics
+    from vapo_engine.runs import create_run
+    from vapo_engine.trainer.loop import train
+    over = (f"training.total_steps={steps}", f"eval.eval_interval={eval_interval}",
+            f"eval.save_interval={10 * steps}", *extra)
+    config, overrides = load_bench_config(variant, over)
+    with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
+        info = create_run(config, settings_with_seed(seed), Path(tmp), run_id=f"{variant}-s{seed}",
+                          overrides=overrides, preset=PRESET)
+        t0 = time.perf_counter()
+        summary = train(info.run_dir, log=log or (lambda s: None))
+        wall = time.perf_counter() - t0
+        records = read_metrics(info.run_dir / "metrics.jsonl")
+    return {"variant": variant, "seed": seed, "steps": summary.get("steps"), "wall_s": round(wall, 1),
+            "overrides": overrides, "curve": eval_curve(records), **train_stats(records),
+            "final_greedy": summary["final_eval"].get("eval/greedy_accuracy"),
+            "final_sampled": summary["final_eval"].get("eval/sampled_accuracy")}
+
+
+def eval_curve(records: list[dict]) -> list[dict]:
+    """[{step, greedy, sampled}] from the eval records, in step order."""
+    pts = [{"step": int(r["step"]), "greedy": r.get("eval/greedy_accuracy"),
+            "sampled": r.get("eval/sampled_accuracy")} for r in records if r.get("kind") == "eval"]
+    return sorted(pts, key=lambda p: p["step"])
+
+
+def _mean_of(records: list[dict], name: str, kind: str = "train") -> float | None:
+    vals = [float(r[name]) for r in records if r.get("kind") == kind and isinstance(r.get(name), (int, float))]
+    return round(statistics.fmean(vals), 4) if vals else None
+
+
+def train_stats(records: list[dict]) -> dict:
+    """Means over the training steps of the diagnostics the README discusses."""
+    return {"mean_explained_var": _mean_of(records, "critic/explained_var"),
+            "pretrain_explained_var_last": _last(records, "critic/pretrain_explained_var", "pretrain"),
+            "mean_response_length": _mean_of(records, "rollout/response_length"),
+            "mean_lambda_policy": _mean_of(records, "vapo/lambda_policy_mean"),
+            "mean_no_signal_groups": _mean_of(records, "rollout/no_signal_groups"),
+            "mean_train_accuracy": _mean_of(records, "rollout/accuracy"),
+            "mean_step_time_s": _mean_of(records, "perf/step_time_s")}
+
+
+def _last(records: list[dict], name: str, kind: str) -> float | None:
+    vals = [float(r[name]) for r in records if r.get("kind") == kind and isinstance(r.get(name), (int, float))]
+    return round(vals[-1], 4) if vals else None
+
+
+def steps_to_target(curve: list[dict], target: float, key: str = "greedy") -> int | None:
+    """First evaluated step whose accuracy reaches `target` (None = not reached within the run)."""
+    for p in curve:
+        if p.get(key) is not None and p[key] >= target:
+            return p["step"]
+    return None
+
+
+def spread(values: list[float | None]) -> dict:
+    """mean, std (sample, 0 for one value), min, max, n of the non-missing values."""
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    return {"mean": round(statistics.fmean(v), 4), "std": round(statistics.stdev(v), 4) if len(v) > 1 else 0.0,
+            "min": round(min(v), 4), "max": round(max(v), 4), "n": len(v)}
+
+
+def write_record(name: str, record: dict, out_dir: Path | None = None) -> Path:
+    """Write `<out_dir>/<name>.json` (default bench/results) with machine info and the command line."""
+    out_dir = Path(out_dir or RESULTS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full = {"benchmark": name, "command": command_line(), "machine": machine_info(),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    path = out_dir / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def plot_curves(path: Path, groups: dict[str, list[list[dict]]], title: str,
+                keys: tuple[str, ...] = ("greedy", "sampled")) -> None:
+    """Mean held-out accuracy per group with a min–max band across seeds, one panel per key (Agg)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        colors = plt.cm.tab20.colors if len(groups) > 10 else plt.cm.tab10.colors
+        for i, (label, curves) in enumerate(groups.items()):
+            _plot_group(ax, label, curves, key, colors[i % len(colors)])
+        ax.set_xlabel("policy steps")
+        ax.set_ylabel(f"held-out {key} accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_group(ax, label: str, curves: list[list[dict]], key: str, color) -> None:
+    steps = sorted({p["step"] for c in curves for p in c})
+    rows = [[p[key] for c in curves for p in c if p["step"] == s and p[key] is not None] for s in steps]
+    keep = [(s, r) for s, r in zip(steps, rows) if r]
+    if not keep:
+        return
+    xs = [s for s, _ in keep]
+    ax.plot(xs, [statistics.fmean(r) for _, r in keep], marker="o", ms=3, label=label, color=color)
+    if any(len(r) > 1 for _, r in keep):
+        ax.fill_between(xs, [min(r) for _, r in keep], [max(r) for _, r in keep], alpha=0.15, color=color)
+
+
+def load_avg() -> list[float] | None:
+    """1/5/15-minute load averages (other processes share these 2 cores: timings depend on it)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# --smoke: a few seconds per run (tiny batch, 8 eval problems, 1 value-pretraining step); for tests only
+SMOKE_OVERRIDES = ("training.batch_size=16", "training.mini_batch_size=16", "vapo.value_pretrain_steps=1",
+                   "eval.num_problems=8", "eval.samples_per_problem=1")
+
+
+def parse_seeds(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]

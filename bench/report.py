@@ -1,0 +1,142 @@
+"""Render the README's benchmark tables (markdown) from the committed JSON records in bench/results.
+
+    .venv/bin/python bench/report.py                 # prints the markdown to stdout
+    .venv/bin/python bench/report.py --results DIR   # records from another folder
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _f(x, nd=3) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def _spread(s: dict, nd=3) -> str:
+    if not s or s.get("mean") is None:
+        return "—"
+    if s.get("n", 1) <= 1:
+        return _f(s["mean"], nd)
+    return f"{_f(s['mean'], nd)} ± {_f(s['std'], nd)} [{_f(s['min'], nd)}–{_f(s['max'], nd)}]"
+
+
+def _machine(rec: dict) -> str:
+    m = rec["machine"]
+    return (f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; "
+            f"`{rec['command']}`; {rec['wall_s_total']:.0f} s wall; load average at start/end "
+            f"{rec.get('load_avg_start')} / {rec.get('load_avg_end')} ({rec['date_utc']})*")
+
+
+def throughput(rec: dict) -> str:
+    p = rec["matmul_peak"]
+    lines = [("| model.dtype | step time (s) | rollout phase (s) | update phase (s) | rollout tokens/s | "
+              "update samples/s | update GFLOP/s | % of same-dtype matmul peak | % of fp32 peak |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for d, s in rec["summary"].items():
+        lines.append(f"| {d} | {s['step_time_s']:.2f} | {s['rollout_time_s']:.2f} | {s['update_time_s']:.2f} | "
+                     f"{s['rollout_tokens_per_s']:.0f} | {s['update_samples_per_s']:.1f} | "
+                     f"{s['update_gflops_achieved']:.2f} | {100 * s['fraction_of_peak_same_dtype']:.2f} | "
+                     f"{100 * s['fraction_of_fp32_peak']:.2f} |")
+    mk = p["model_shape"]["m_k_n"]
+    peak = (f"Measured matmul peak (torch.matmul, best of square sizes {list(p['square']['float32'])}): "
+            f"fp32 {p['peak_gflops']['float32']:.0f} GFLOP/s, bf16 {p['peak_gflops']['bfloat16']:.0f} GFLOP/s; "
+            f"one micro-batch MLP-shaped matmul ({mk[0]}×{mk[1]} @ {mk[1]}×{mk[2]}): "
+            f"fp32 {p['model_shape']['float32']:.1f}, bf16 {p['model_shape']['bfloat16']:.1f} GFLOP/s.")
+    lines += ["", peak, "", _machine(rec)]
+    return "\n".join(lines)
+
+
+def _hit(curve: list[dict], key: str, target: float):
+    return next((p["step"] for p in curve if p.get(key) is not None and p[key] >= target), None)
+
+
+def _tail_mean(curve: list[dict], key: str, k: int = 3):
+    """Mean of the last k evaluations (less noisy than the single final one)."""
+    vals = [p[key] for p in curve if p.get(key) is not None][-k:]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _mstd(values: list) -> str:
+    v = [x for x in values if x is not None]
+    if not v:
+        return "—"
+    if len(v) == 1:
+        return _f(v[0])
+    m = sum(v) / len(v)
+    sd = (sum((x - m) ** 2 for x in v) / (len(v) - 1)) ** 0.5
+    return f"{m:.3f} ± {sd:.3f} [{min(v):.3f}–{max(v):.3f}]"
+
+
+def _hits(runs: list[dict], key: str, target: float) -> str:
+    return ", ".join("—" if h is None else str(h) for h in (_hit(r["curve"], key, target) for r in runs))
+
+
+def sample_efficiency(rec: dict) -> str:
+    c = rec["config"]
+    lines = [("| algorithm | final greedy (mean ± std [min–max]) | final sampled avg@2 | sampled avg@2, mean of last 3 "
+              "evals | steps to greedy ≥ 0.85 (per seed) | steps to sampled ≥ 0.65 (per seed) | critic EV | s / run |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for a, s in rec["summary"].items():
+        runs = [r for r in rec["runs"] if r["variant"] == a]
+        lines.append(f"| {a} | {_spread(s['final_greedy'])} | {_spread(s['final_sampled'])} | "
+                     f"{_mstd([_tail_mean(r['curve'], 'sampled') for r in runs])} | {_hits(runs, 'greedy', 0.85)} | "
+                     f"{_hits(runs, 'sampled', 0.65)} | {_f(s['mean_explained_var']['mean'])} | "
+                     f"{_f(s['wall_s']['mean'], 0)} |")
+    starts = [r["curve"][0] for r in rec["runs"] if r["curve"] and r["curve"][0]["step"] == 0]
+    start = {k: sum(p[k] for p in starts) / len(starts) for k in ("greedy", "sampled")} if starts else {}
+    lines += ["", f"{c['steps']} policy steps × 32 responses per step, seeds {c['seeds']}; held-out 200 problems "
+              f"evaluated every ~{c['eval_interval']} steps (at the first rollout boundary past each multiple); "
+              f"step-0 mean over runs: greedy {_f(start.get('greedy'))}, sampled {_f(start.get('sampled'))} (the sampled "
+              f"eval draw depends on the seed); — = not reached."
+              + ("" if rec.get("complete", True) else " **Incomplete record** (interrupted)."), "", _machine(rec)]
+    return "\n".join(lines)
+
+
+def ablation(rec: dict) -> str:
+    c = rec["config"]
+    lines = [("| variant | paper: AIME24 avg@32, Qwen2.5-32B (different model and benchmark) | "
+              "ours: final greedy, built-in addition | Δ vs VAPO | ours: final sampled avg@2 | "
+              "ours: sampled, mean of last 3 evals | steps to greedy ≥ 0.85 | critic EV | mean λ_policy |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["table"]:
+        runs = [x for x in rec["runs"] if x["variant"] == r["variant"]]
+        d = r["delta_greedy_vs_vapo"]
+        lines.append(f"| {r['description']} | {'—' if r['paper_aime24'] is None else r['paper_aime24']} | "
+                     f"{_spread(r['final_greedy'])} | {'—' if d is None else f'{d:+.3f}'} | "
+                     f"{_spread(r['final_sampled'])} | {_mstd([_tail_mean(x['curve'], 'sampled') for x in runs])} | "
+                     f"{_hits(runs, 'greedy', 0.85)} | {_f(r['mean_explained_var'])} | "
+                     f"{_f(r['mean_lambda_policy'])} |")
+    lines += ["", f"Mode {c['mode']}: {c['steps']} policy steps, seeds {c['seeds']}, eval every ~{c['eval_interval']}"
+              f" steps. {rec['paper_note']}. Critic EV = explained variance of the value model (mean over steps); "
+              "λ_policy is logged for every algorithm, but GRPO/DAPO do not use it." + ("" if rec.get("complete", True) else
+                                                 " **Incomplete record** (interrupted; finished rows only)."),
+              "", _machine(rec)]
+    return "\n".join(lines)
+
+
+RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation}
+
+
+def render(results: Path = RESULTS) -> str:
+    parts = []
+    for name, fn in RENDER.items():
+        path = results / f"{name}.json"
+        if path.is_file():
+            parts.append(f"### {name.replace('_', ' ')}\n\n" + fn(json.loads(path.read_text(encoding="utf-8"))))
+        else:
+            parts.append(f"### {name.replace('_', ' ')}\n\n(no record: run `bench/{name}.py`)")
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=str(RESULTS), help="folder of the JSON records")
+    print(render(Path(p.parse_args(argv).results)), end="")
+
+
+if __name__ == "__main__":
+    main()
