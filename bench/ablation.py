@@ -91,9 +91,8 @@ def save(args, meta: dict, runs: list[dict], t0: float, load0, complete: bool):
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
                             "arXiv 2504.05118); a different model and benchmark, shown for orientation only",
               "table": rows, "runs": runs}
-    path = common.write_record("ablation", record, Path(args.out) if args.out else None)
-    common.plot_curves(path.with_suffix(".png"), {v: [r["curve"] for r in runs if r["variant"] == v] for v in done},
-                       f"VAPO ablation, built-in addition, {meta['steps']} steps, seeds {meta['seeds']}")
+    path = common.save_training_record("ablation", record, args.out, runs, done,
+                                       f"VAPO ablation, built-in addition, {meta['steps']} steps, seeds {meta['seeds']}")
     return path, rows
 
 

@@ -142,6 +142,14 @@ def write_record(name: str, record: dict, out_dir: Path | None = None) -> Path:
     return path
 
 
+def save_training_record(name: str, record: dict, out: str | None, runs: list[dict], groups: list[str],
+                         title: str) -> Path:
+    """The record of a training benchmark plus its curves plot (held-out accuracy per group over seeds)."""
+    path = write_record(name, record, Path(out) if out else None)
+    plot_curves(path.with_suffix(".png"), {g: [r["curve"] for r in runs if r["variant"] == g] for g in groups}, title)
+    return path
+
+
 def plot_curves(path: Path, groups: dict[str, list[list[dict]]], title: str,
                 keys: tuple[str, ...] = ("greedy", "sampled")) -> None:
     """Mean held-out accuracy per group with a min–max band across seeds, one panel per key (Agg)."""

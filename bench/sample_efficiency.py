@@ -60,9 +60,8 @@ def save(args, meta: dict, runs: list[dict], t0: float, load0, complete: bool):
     summary = summarize(runs, algos, args.target, steps)
     record = {"config": meta, "complete": complete, "wall_s_total": round(time.time() - t0, 1),
               "load_avg_start": load0, "load_avg_end": common.load_avg(), "summary": summary, "runs": runs}
-    path = common.write_record("sample_efficiency", record, Path(args.out) if args.out else None)
-    common.plot_curves(path.with_suffix(".png"), {a: [r["curve"] for r in runs if r["variant"] == a] for a in algos},
-                       f"VAPO vs PPO vs GRPO, built-in addition, {steps} steps, seeds {seeds} (band = min-max)")
+    path = common.save_training_record("sample_efficiency", record, args.out, runs, algos,
+                                       f"VAPO vs PPO vs GRPO, built-in addition, {steps} steps, seeds {seeds} (band = min-max)")
     return path, summary
 
 

@@ -260,3 +260,10 @@ def fast_policy(**kw: Any):
     from vapo_engine.providers import RetryPolicy
     return RetryPolicy(**{"max_retries": 2, "backoff_base": 0.01, "backoff_max": 0.05, "retry_after_cap": 2.0,
                           **kw})
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound once, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
 
 import pytest
-from fake_openai import CANARY, FakeOpenAI, Reply, fast_policy, make_channel, sse_events
+from fake_openai import CANARY, FakeOpenAI, Reply, closed_port, fast_policy, make_channel, sse_events
 
 from tools.channel import check_channel_sync, smoke_test_sync
 
@@ -134,16 +133,8 @@ def test_check_200_with_error_body(fake):
     assert not r.ok and r.http_code == "200" and "http-200-error-body" in ids(r)
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_check_connection_failures(fake):
-    refused = check(f"http://127.0.0.1:{_closed_port()}/v1")
+    refused = check(f"http://127.0.0.1:{closed_port()}/v1")
     assert refused.http_code == "000" and ids(refused)[0] == "net-refused" and len(refused.probes) == 1
     dns = check("http://no-such-host.invalid/v1")
     assert ids(dns)[0] == "net-dns"
@@ -169,7 +160,7 @@ def test_check_server_without_auth():
 
 
 def test_check_proxy_capturing_localhost_is_reported_but_bypassed(fake, monkeypatch):
-    monkeypatch.setenv("HTTP_PROXY", f"http://user:pw@127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:pw@127.0.0.1:{closed_port()}")
     r = check(fake.base_url, env={"HTTP_PROXY": "http://user:pw@127.0.0.1:3128", "NO_PROXY": "example.com"})
     assert r.ok and r.http_code == "200"
     assert "net-proxy-captures-localhost" in ids(r) and "pw@" not in r.model_dump_json()
@@ -177,7 +168,7 @@ def test_check_proxy_capturing_localhost_is_reported_but_bypassed(fake, monkeypa
 
 
 def test_check_remote_url_through_dead_proxy(monkeypatch):
-    proxy = f"http://127.0.0.1:{_closed_port()}"
+    proxy = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setenv("HTTP_PROXY", proxy)
     r = check("http://api.example.test/v1", env={"HTTP_PROXY": proxy})
     assert r.http_code == "000" and "net-proxy-error" in ids(r)
@@ -277,7 +268,7 @@ def test_smoke_unusable_base_url_is_diagnosed():
 
 
 def test_credentials_in_base_url_are_never_shown():
-    r = check(f"http://user:hunter2secret@127.0.0.1:{_closed_port()}/v1")
+    r = check(f"http://user:hunter2secret@127.0.0.1:{closed_port()}/v1")
     assert "hunter2secret" not in r.model_dump_json() and r.http_code == "000"
 
 

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 
 import pytest
-from fake_openai import CANARY, FakeOpenAI, Reply, fast_policy, sse_events
+from fake_openai import CANARY, FakeOpenAI, Reply, closed_port, fast_policy, sse_events
 
 from vapo_engine.config import Secret
 from vapo_engine.providers import (
@@ -201,17 +200,9 @@ def test_slow_response_times_out_with_retries(fake):
     assert time.monotonic() - t0 < 4.0
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_connection_refused_dns_and_tls(fake):
     with pytest.raises(APIConnectionError) as refused:
-        run(_chat(f"http://127.0.0.1:{_closed_port()}"))
+        run(_chat(f"http://127.0.0.1:{closed_port()}"))
     assert refused.value.kind == "refused" and refused.value.attempts == 3
     with pytest.raises(APIConnectionError) as dns:
         run(_chat("http://no-such-host.invalid", policy=fast_policy(max_retries=0)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.conftest import write_workspace
 from tests.engine_helpers import FAST
-from tests.fake_openai import CANARY, FakeOpenAI
+from tests.fake_openai import CANARY, FakeOpenAI, closed_port
 
 pytestmark = pytest.mark.anyio
 
@@ -169,14 +168,8 @@ async def test_stdio_end_to_end_and_run_survives_server_exit(workspace, model_di
         assert not diag.is_error and "findings" in diag.structured_content
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_http_mode_requires_the_bearer_token(workspace):
-    port, token = _free_port(), "t0ken-" + "x" * 30
+    port, token = closed_port(), "t0ken-" + "x" * 30
     env = dict(os.environ, VAPO_MCP_TOKEN=token)
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--http", "--port", str(port),
                              "--config", str(workspace / "config.toml"), "--settings",

@@ -82,15 +82,24 @@ def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainC
 
 def start_training(f: Files, *, preset: str | None = None, overrides: list[str] = (), tags: list[str] = (),
                    group_id: str | None = None, variant: str | None = None) -> StartResult:
+    """Validate config + preset + overrides and the datasets, then queue the run."""
     cfg = prepare_config(f, preset, list(overrides))
+    return _submit(f, cfg, preset=preset, overrides=list(overrides), tags=list(tags), group_id=group_id,
+                   variant=variant)
+
+
+def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[str], tags: list[str],
+            group_id: str | None, variant: str | None) -> StartResult:
+    """Create the run directory of an already validated config and hand it to the run manager."""
     mgr, settings = manager_for(f)
     if tags:
         exp = settings.experiment.model_copy(update={"tags": [*settings.experiment.tags, *tags]})
         settings = settings.model_copy(update={"experiment": exp})
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
-    info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=list(overrides),
+    info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
                       preset=preset, extra={"group_id": group_id, "variant": variant})
-    rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant)
+    rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
+                     nprocs=cfg.distributed.world_size)
     return StartResult(run=_view(rec), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
                        f"report_metrics(run_id='{info.run_id}')",
                        warnings=[str(w) for w in warns if w.key != "api.api_key_env"])
@@ -98,6 +107,8 @@ def start_training(f: Files, *, preset: str | None = None, overrides: list[str] 
 
 def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = None,
            overrides: list[str] = ()) -> AblationStart:
+    """One run per variant (full VAPO always included), same seed and budget; all configs are validated
+    before the first run starts."""
     names = list(variants or DEFAULT_ABLATION)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -105,15 +116,13 @@ def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = 
     if "vapo" not in names:
         names.insert(0, "vapo")
     base = prepare_config(f, preset, list(overrides))
+    plans = {}
+    for name in names:
+        over = [*overrides, *VARIANTS[name].apply(base)]
+        plans[name] = (over, prepare_config(f, preset, over))
     ablation_id = "abl-" + secrets.token_hex(4)
-    runs = []
-    for name in names:
-        extra = VARIANTS[name].apply(base)
-        prepare_config(f, preset, [*overrides, *extra])  # fail before starting anything
-    for name in names:
-        res = start_training(f, preset=preset, overrides=[*overrides, *VARIANTS[name].apply(base)],
-                             tags=[ablation_id, name], group_id=ablation_id, variant=name)
-        runs.append(res.run)
+    runs = [_submit(f, cfg, preset=preset, overrides=over, tags=[ablation_id, name], group_id=ablation_id,
+                    variant=name).run for name, (over, cfg) in plans.items()]
     return AblationStart(ablation_id=ablation_id, runs=runs, poll=f"report_metrics(run_id='{ablation_id}') "
                          "returns the comparison table; runs execute one after another (queue)")
 

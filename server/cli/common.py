@@ -6,9 +6,9 @@ import os
 import sys
 from pathlib import Path
 
+from tools.paths import CONFIG_ENV, SETTINGS_ENV
 from vapo_engine.config import ConfigError
 
-CONFIG_ENV, SETTINGS_ENV = "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"
 
 
 class UserError(Exception):
