@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_engine.config import Settings, load_settings
+from vapo_engine.errors import UserError
 from vapo_engine.jobs import RunManager
 from vapo_engine.runs import runs_root
 
 CONFIG_ENV, SETTINGS_ENV = "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"
 
 
-class ToolInputError(ValueError):
+class ToolInputError(UserError):
     """A mistake in a tool's arguments that the caller can fix; the message says how."""
 
 

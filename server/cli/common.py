@@ -8,10 +8,10 @@ from pathlib import Path
 
 from tools.paths import CONFIG_ENV, SETTINGS_ENV
 from vapo_engine.config import ConfigError
+from vapo_engine.errors import UserError as _UserError
 
 
-
-class UserError(Exception):
+class UserError(_UserError):
     """A mistake the user can fix; printed as one message (with the fix), exit code 2."""
 
 

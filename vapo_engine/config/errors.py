@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vapo_engine.errors import UserError
+
 
 @dataclass(frozen=True)
 class ConfigIssue:
@@ -34,7 +36,7 @@ class ConfigIssue:
 
 
 @dataclass
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """Raised with every error found in one load (not just the first)."""
 
     issues: list[ConfigIssue] = field(default_factory=list)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from vapo_engine.errors import UserError
+
 from .registry import Registry, RunRecord
 from .runner import HEARTBEAT_S, log_tail
 from .states import State
@@ -23,7 +25,7 @@ STALE_AFTER_S = max(30.0, 10 * HEARTBEAT_S)
 MAX_CONCURRENT_ENV = "VAPO_MCP_MAX_CONCURRENT"
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """A request the caller can fix (unknown run id, wrong state), with the fix in the message."""
 
 

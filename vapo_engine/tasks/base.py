@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from vapo_engine.errors import UserError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -23,7 +25,7 @@ class Problem:
     answer: str
 
 
-class TaskError(ValueError):
+class TaskError(UserError):
     """A task could not be resolved or its data is bad; the message names the file/line and the fix."""
 
 

@@ -21,8 +21,10 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from vapo_engine.errors import UserError
 
-class ModelLoadError(ValueError):
+
+class ModelLoadError(UserError):
     """A model directory that cannot be used, with the fix."""
 
 
