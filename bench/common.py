@@ -65,7 +65,7 @@ def settings_with_seed(seed: int):
 def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: tuple[str, ...] = (),
                 log=None) -> dict:
     """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time)."""
-    from vapo_engine.metrics import read_metrics
+    from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
     over = (f"training.total_steps={steps}", f"eval.eval_interval={eval_interval}",
@@ -77,7 +77,7 @@ def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: 
         t0 = time.perf_counter()
         summary = train(info.run_dir, log=log or (lambda s: None))
         wall = time.perf_counter() - t0
-        records = read_metrics(info.run_dir / "metrics.jsonl")
+        records = RunDir(info.run_dir).metrics()
     return {"variant": variant, "seed": seed, "steps": summary.get("steps"), "wall_s": round(wall, 1),
             "overrides": overrides, "curve": eval_curve(records), **train_stats(records),
             "final_greedy": summary["final_eval"].get("eval/greedy_accuracy"),

@@ -3,7 +3,8 @@
 Inputs carry bounds and descriptions; results are pydantic models (bounded); agent-fixable errors become
 `ToolError` with the fix. Long work never blocks: training tools return a run id at once. Config and
 settings paths come from `vapo-mcp serve --config/--settings` (via the environment, see tools.paths).
-Imports no torch.
+Argument errors name the argument, the allowed values and the fix (server.arguments); each call runs under
+the server's access policy (tools.access: what stdio and HTTP clients may read and change). Imports no torch.
 """
 from __future__ import annotations
 
@@ -16,17 +17,19 @@ from typing import Annotated, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from tools import access, training
 from tools import channel as channel_tools
 from tools import diagnose as diagnose_tools
 from tools import report as report_tools
-from tools import training
 from tools.paths import files, manager_for
 from vapo_engine.metrics import CATALOGUE
 from vapo_engine.variants import VARIANTS
 
+from . import arguments as arguments_text
 from .errors import agent_errors
 
 log = logging.getLogger("vapo_mcp.server")
@@ -64,8 +67,41 @@ async def lifespan(server: MCPServer):
     yield {}
 
 
-def build_server() -> MCPServer:
-    mcp = MCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan)
+class VapoMCPServer(MCPServer):
+    """The SDK's server, with argument errors an agent can act on: an unknown tool, an argument the tool does
+    not take, or one that fails validation gets a message naming the argument, what is allowed and what to do
+    (server.arguments) instead of pydantic's text or a silent drop. Every call runs under `policy`, the
+    security model of this server's clients (tools.access)."""
+
+    def __init__(self, *args, policy: access.Policy, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy = policy
+
+    async def call_tool(self, name: str, arguments: dict, context: Context | None = None):
+        with access.applied(self.policy):
+            return await self._checked_call(name, arguments, context)
+
+    async def _checked_call(self, name: str, arguments: dict, context: Context | None):
+        schemas = {t.name: t.input_schema for t in await self.list_tools()}
+        if name not in schemas:
+            raise ToolError(arguments_text.unknown_tool(name, sorted(schemas)))
+        if (extra := arguments_text.unexpected_arguments(name, arguments, schemas[name])) is not None:
+            raise ToolError(extra)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError:
+            raise
+        except ToolError as e:
+            if isinstance(e.__cause__, ValidationError):
+                raise ToolError(arguments_text.describe_validation(name, e.__cause__, schemas[name])) \
+                    from e.__cause__
+            raise
+
+
+def build_server(policy: access.Policy | None = None) -> MCPServer:
+    """The server with every tool; `policy` says who its clients are (default: a local stdio agent)."""
+    mcp = VapoMCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan,
+                        policy=policy or access.Policy("stdio"))
     _channel_tools(mcp)
     _training_tools(mcp)
     _run_tools(mcp)
@@ -124,7 +160,7 @@ def _channel_tools(mcp: MCPServer) -> None:
         log_path: Annotated[str | None, Field(max_length=1000, description="a log file to read")] = None,
         code_path: Annotated[str | None, Field(max_length=1000, description="file/folder of Python code to scan "
                                                                               "for key bugs")] = None,
-        run_id: Annotated[str | None, Field(max_length=80, description="a training run to examine")] = None,
+        run_id: RunId | None = None,
         check_config: Annotated[bool, Field(description="also examine settings.json/config.toml")] = True,
     ) -> diagnose_tools.Diagnosis:
         """Explain a failure: ranked findings (cause, evidence, fix) from any mix of an HTTP status, error
@@ -143,7 +179,7 @@ def _channel_tools(mcp: MCPServer) -> None:
         return await anyio.to_thread.run_sync(lambda: diagnose_tools.diagnose_error(
             status=status, body=body, headers=headers, text=text, log_path=log_path, code_path=code_path,
             settings_path=f.settings if check_config else None, config_path=f.config if check_config else None,
-            **kwargs))
+            files=f, **kwargs))
 
 
 def _training_tools(mcp: MCPServer) -> None:

@@ -1,5 +1,5 @@
-"""Streamable-HTTP mode for headless servers: bearer token, loopback-only without one, DNS-rebinding
-protection, and an unauthenticated /health route."""
+"""Streamable-HTTP mode for headless servers: bearer token (of at least `MIN_TOKEN_CHARS` characters),
+loopback-only without one, DNS-rebinding protection, and an unauthenticated /health route."""
 from __future__ import annotations
 
 import hmac
@@ -7,8 +7,13 @@ import ipaddress
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from vapo_engine.errors import UserError
+
 TOKEN_ENV = "VAPO_MCP_TOKEN"
+MIN_TOKEN_CHARS = 16
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+MAKE_TOKEN = f"export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+UNAUTHORIZED = b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'
 
 
 def is_loopback(host: str) -> bool:
@@ -20,22 +25,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_token(host: str, token: str | None) -> None:
+    """Refuse a public bind without a token, and any bind with a token too short to resist guessing."""
+    if not token and not is_loopback(host):
+        raise UserError(f"refusing to bind {host} without a bearer token: {MAKE_TOKEN} (clients send "
+                        "Authorization: Bearer <it>), or bind 127.0.0.1")
+    if token and len(token) < MIN_TOKEN_CHARS:
+        raise UserError(f"{TOKEN_ENV} is too short ({len(token)} characters; at least {MIN_TOKEN_CHARS} needed): "
+                        f"generate a random one with {MAKE_TOKEN}")
+
+
 class BearerAuth:
-    """Pure ASGI middleware: every HTTP request except /health needs `Authorization: Bearer <token>`."""
+    """Pure ASGI middleware: every HTTP request except /health needs `Authorization: Bearer <token>`.
+    The comparison is on bytes and constant-time, so any header (non-ASCII too) gets 401, never a crash."""
 
     def __init__(self, app, token: str | None, open_paths: tuple[str, ...] = ("/health",)):
-        self.app, self.token, self.open_paths = app, token, open_paths
+        self.app, self.open_paths = app, open_paths
+        self.token = token.encode("utf-8") if token else None
+
+    def authorized(self, scope) -> bool:
+        given = b""
+        for name, value in scope.get("headers") or []:
+            if name.lower() == b"authorization":
+                given = value
+                break
+        scheme, _, credential = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.token or scope.get("path") in self.open_paths:
-            return await self.app(scope, receive, send)
-        given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), self.token):
+        if scope["type"] != "http" or not self.token or scope.get("path") in self.open_paths \
+                or self.authorized(scope):
             return await self.app(scope, receive, send)
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body",
-                    "body": b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'})
+        await send({"type": "http.response.body", "body": UNAUTHORIZED})
 
 
 def security_settings(host: str, allowed_hosts: list[str]) -> TransportSecuritySettings:
@@ -48,9 +71,7 @@ def security_settings(host: str, allowed_hosts: list[str]) -> TransportSecurityS
 
 def http_app(server, *, host: str, token: str | None, allowed_hosts: list[str] = (), path: str = "/mcp"):
     """The ASGI app: MCP at `path`, /health open, everything else behind the bearer token."""
-    if not token and not is_loopback(host):
-        raise PermissionError(f"refusing to bind {host} without a bearer token: export {TOKEN_ENV}=<a long "
-                              "random secret> (clients send Authorization: Bearer <it>), or bind 127.0.0.1")
+    check_token(host, token)
     app = server.streamable_http_app(streamable_http_path=path, host=host,
                                      transport_security=security_settings(host, list(allowed_hosts)))
     return BearerAuth(app, token)

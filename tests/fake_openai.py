@@ -11,15 +11,21 @@ Default behaviour (when a route's script queue is empty): `GET /v1/models` lists
 and 404 `model_not_found` for unknown models; any other path is a route 404 (`{"detail": "Not Found"}`).
 Scripted `Reply`s can set status, headers, a JSON or raw body, a delay before the response, SSE events
 (optionally cut off mid-stream: `break_after`), and are served in order. Every request is recorded.
+
+`echo=True` makes it a hostile server (or proxy) that echoes the key it was sent everywhere it can: in
+response headers (values, a header *name*, a base64 `Basic` value, the reason phrase), as a model id in
+`GET /models`, as the `model` of completions, inside the answer and the reasoning text (whole, partly,
+upper-cased, split across SSE chunks). Error bodies that echo it are scripted by the test (`Reply.error`).
 """
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -42,6 +48,8 @@ class Reply:
     sse_delay: float = 0.0
     break_after: int | None = None
     """Close the connection after this many SSE events, without ending the chunked body."""
+    reason: str | None = None
+    """Reason phrase of the status line (default: the standard one)."""
 
     @staticmethod
     def ok(content: str = DEFAULT_ANSWER, model: str = "qwen-32b", finish_reason: str = "stop") -> Reply:
@@ -60,20 +68,24 @@ class Reply:
                      break_after=break_after)
 
 
-def completion(content: str, model: str, finish_reason: str = "stop") -> dict:
+def completion(content: str, model: str, finish_reason: str = "stop", reasoning: str | None = None) -> dict:
+    message = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
     return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
             "usage": {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}}
 
 
 def sse_events(content: str, model: str, *, pieces: int = 4, done: bool = True,
-               finish_reason: str = "stop") -> list[Any]:
+               finish_reason: str = "stop", reasoning: str | None = None) -> list[Any]:
     step = max(1, -(-len(content) // pieces))
     parts = [content[i:i + step] for i in range(0, len(content), step)] or [""]
+    thoughts = [reasoning[i:i + step] for i in range(0, len(reasoning), step)] if reasoning else []
     events: list[Any] = [{"id": "c", "object": "chat.completion.chunk", "model": model,
-                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
-                                       "finish_reason": None}]} for p in parts]
+                          "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": t},
+                                       "finish_reason": None}]} for t in thoughts]
+    events += [{"id": "c", "object": "chat.completion.chunk", "model": model,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
+                             "finish_reason": None}]} for p in parts]
     events.append({"id": "c", "object": "chat.completion.chunk", "model": model,
                    "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}],
                    "usage": {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}})
@@ -95,8 +107,8 @@ class FakeOpenAI:
     """The server; use as a context manager. `base_url` ends with /v1."""
 
     def __init__(self, *, key: str | None = None, models=("qwen-32b", "qwen-14b"),
-                 answers: dict[str, str] | None = None, prefix: str = "/v1"):
-        self.key, self.models, self.prefix = key, list(models), prefix
+                 answers: dict[str, str] | None = None, prefix: str = "/v1", echo: bool = False):
+        self.key, self.models, self.prefix, self.echo = key, list(models), prefix, echo
         self.answers = answers or {}
         self.requests: list[Recorded] = []
         self.in_flight = self.max_in_flight = 0
@@ -151,16 +163,35 @@ class FakeOpenAI:
             given = auth.removeprefix("Bearer ")
             return Reply.error(401, f"Incorrect API key provided: {given or '(none)'}. You can find your API "
                                "key in your dashboard.", "invalid_api_key")
+        echoed = auth.removeprefix("Bearer ") if self.echo else ""
         if path.endswith("/models"):
-            return Reply(json={"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
+            ids = [*self.models, *([echoed, f"ft:{echoed[:16]}:custom"] if echoed else [])]
+            return Reply(json={"object": "list", "data": [{"id": m, "object": "model"} for m in ids]})
         model = (body or {}).get("model") if isinstance(body, dict) else None
         if model not in self.models:
             return Reply.error(404, f"The model `{model}` does not exist or you do not have access to it.",
                                "model_not_found")
         content = self.answers.get(model, DEFAULT_ANSWER)
+        if echoed:
+            content += f" Your key is {echoed}, it starts {echoed[:20]} and in capitals {echoed.upper()}."
+            thought = f"The user authenticated with {echoed}; half of it: {echoed[len(echoed) // 2:]}."
+            if isinstance(body, dict) and body.get("stream"):
+                return Reply(sse=sse_events(content, echoed, pieces=7, reasoning=thought))
+            return Reply(json=completion(content, echoed, reasoning=thought))
         if isinstance(body, dict) and body.get("stream"):
             return Reply.stream(content, model)
         return Reply.ok(content, model)
+
+    def echo_headers(self, request_headers: dict[str, str]) -> tuple[dict[str, str], str | None]:
+        """Headers and a reason phrase that echo the Bearer token of the request (echo mode only)."""
+        token = request_headers.get("authorization", "").removeprefix("Bearer ")
+        if not (self.echo and token):
+            return {}, None
+        basic = base64.b64encode(f"user:{token}".encode()).decode()
+        return {"x-request-id": f"req-{token}", "x-ratelimit-limit-requests": token,
+                "x-ratelimit-remaining-tokens": token[4:24], f"x-ratelimit-{token}": "1",
+                "x-echo-authorization": f"Bearer {token}", "www-authenticate": f"Basic {basic}",
+                "set-cookie": f"session={token}; Path=/"}, f"OK {token}"
 
 
 def _handler(fake: FakeOpenAI):
@@ -191,6 +222,8 @@ def _handler(fake: FakeOpenAI):
             try:
                 reply = fake.next_scripted(method, self.path) or fake.default_reply(method, self.path, headers,
                                                                                      body)
+                echo, reason = fake.echo_headers(headers)
+                reply = replace(reply, headers={**echo, **reply.headers}, reason=reply.reason or reason)
                 time.sleep(reply.delay)
                 self._send(reply)
             except (BrokenPipeError, ConnectionResetError):
@@ -207,13 +240,13 @@ def _handler(fake: FakeOpenAI):
             else:
                 b = reply.body or b""
                 data, ctype = (b.encode() if isinstance(b, str) else b), "text/plain; charset=utf-8"
-            self.send_response(reply.status)
+            self.send_response(reply.status, reply.reason)
             self._headers({"content-type": ctype, **reply.headers, "content-length": str(len(data))})
             self.wfile.write(data)
             self.close_connection = True
 
         def _send_sse(self, reply: Reply) -> None:
-            self.send_response(reply.status)
+            self.send_response(reply.status, reply.reason)
             self._headers({"content-type": "text/event-stream", **reply.headers, "transfer-encoding": "chunked"})
             for i, event in enumerate(reply.sse):
                 if reply.break_after is not None and i >= reply.break_after:
@@ -267,3 +300,14 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def key_traces(text: str, key: str, window: int = 12) -> list[str]:
+    """Every `window`-character piece of `key` — or of its base64 forms, as in a `Basic` header — that occurs
+    in `text`, case-insensitively (a partial echo is a leak too). The redacted form (prefix + last 4 +
+    length) shares fewer characters with the key and is not a trace."""
+    low = text.lower()
+    forms = [key, base64.b64encode(key.encode()).decode()[:-4],
+             base64.b64encode(f"user:{key}".encode()).decode()[8:-4]]
+    pieces = {f[i:i + window].lower() for f in forms for i in range(len(f) - window + 1)}
+    return sorted(p for p in pieces if p in low)

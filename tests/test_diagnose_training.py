@@ -79,9 +79,20 @@ def make_run(root: Path, *, config: dict | None = None, steps: int = 60,
             "final_eval": {"eval/greedy_accuracy": evals[-1]}, "greedy_accuracy_gain": evals[-1] - evals[0],
             "seconds": 120.0, "model": "builtin-tiny"}))
     for s in checkpoints:
-        (run / "checkpoints" / f"step-{s:07d}").mkdir(parents=True)
-        (run / "checkpoints" / f"step-{s:07d}" / "DONE").write_text(str(s))
+        _checkpoint(run / "checkpoints" / f"step-{s:07d}", s)
     return run
+
+
+def _checkpoint(folder: Path, step: int) -> None:
+    """A complete checkpoint as the trainer writes it: weights (a valid safetensors file), trainer state and
+    the DONE manifest last (vapo_engine.rundir verifies it before a checkpoint counts)."""
+    from vapo_engine.rundir import write_manifest
+    (folder / "policy").mkdir(parents=True)
+    (folder / "policy" / "config.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (folder / "policy" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+    write_manifest(folder, step)
 
 
 def upd(**values: float | str) -> Callable[[int, dict], dict]:

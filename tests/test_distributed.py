@@ -74,13 +74,13 @@ def test_cli_launches_two_processes_metrics_once_and_resume_on_one(tmp_path, mod
     assert steps == [1, 2, 3]
 
 
-def test_run_manager_launches_torchrun_when_config_asks(tmp_path, model_dir):
+def test_run_manager_launch_command_follows_the_config(tmp_path, model_dir):
     from vapo_engine.jobs.runner import worker_command
     one = make_run(tmp_path, model_dir, [], "single")
     assert worker_command(one, False)[1:3] == ["-m", "vapo_engine.trainer"]
     two = make_run(tmp_path, model_dir, ["distributed.nproc_per_node=2"], "double")
-    cmd = worker_command(two, True)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=2" in cmd and cmd[-1] == "--resume"
+    cmd = worker_command(two, True)  # one node: the loopback-bound launcher, not torchrun's open rendezvous
+    assert cmd[1:4] == ["-m", "vapo_engine.trainer.launch", "2"] and cmd[-1] == "--resume"
     multi = make_run(tmp_path, model_dir, ["distributed.nproc_per_node=2", "distributed.nnodes=2",
                                            "distributed.rdzv_endpoint=\"10.0.0.1:29400\""], "multi")
     cmd = worker_command(multi, False)

@@ -11,6 +11,7 @@ import torch
 from tests.conftest import ROOT
 from tests.engine_helpers import make_run
 from vapo_engine.metrics import CATALOGUE, read_metrics
+from vapo_engine.trainer.state_io import load_state
 from vapo_engine.variants import VARIANTS
 
 
@@ -52,8 +53,8 @@ def test_resume_after_kill_continues_identically(tmp_path, model_dir):
                        if r["kind"] == "train"})
     a, b = pick(full), pick(cut)
     assert a[3] == b[3] and a[4] == b[4]  # step 3 was redone from the step-2 checkpoint, step 4 continues
-    w_full = torch.load(full / "checkpoints/step-0000004/trainer_state.pt", weights_only=False)["rng"]["torch"]
-    w_cut = torch.load(cut / "checkpoints/step-0000004/trainer_state.pt", weights_only=False)["rng"]["torch"]
+    w_full = load_state(full / "checkpoints/step-0000004")["rng"]["torch"]
+    w_cut = load_state(cut / "checkpoints/step-0000004")["rng"]["torch"]
     assert torch.equal(w_full, w_cut)
 
 

@@ -33,3 +33,62 @@ def test_torch_free_packages_have_no_torch_imports():
                               if n.split(".")[0] in ("torch", "transformers")
                               or n.startswith(("vapo_engine.trainer", "vapo_engine.rollout", "vapo_engine.algo"))]
     assert not offenders, offenders
+
+
+def _module_imports(path: Path, package: str) -> set[str]:
+    """Project modules imported anywhere in `path` (relative imports resolved; an import inside a function
+    still ties the two modules together)."""
+    mod = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            head = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
+            target = ".".join(x for x in (head, node.module or "") if x)
+            out.add(target)
+            out |= {f"{target}.{a.name}" for a in node.names}
+    return {m for m in out if m.split(".")[0] == package}
+
+
+def test_no_import_cycles_between_modules():
+    """The project's modules import each other without a cycle (the run manager and its supervisor once did)."""
+    graph = {}
+    for package in ("vapo_engine", "tools", "server"):
+        for path in (ROOT / package).rglob("*.py"):
+            mod = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            graph[mod] = _module_imports(path, package)
+    graph = {m: {d for d in deps if d in graph and d != m and not m.startswith(d + ".")} for m, deps in graph.items()}
+    assert [sorted(c) for c in _cycles(graph)] == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative over a small graph)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out

@@ -7,7 +7,8 @@ status like `curl -w %{http_code}` (000 = no HTTP response), the latency and the
 run the diagnostics knowledge base over everything seen and return the ranked findings with their fixes.
 
 Plain async functions returning pydantic models (the MCP server wires them later); `*_sync` wrappers are
-for the CLI. Nothing here prints; nothing returned holds the key.
+for the CLI. Nothing here prints; nothing returned holds the key: the client scrubs everything the server
+sends (headers, model ids, bodies, answers), and the finished report is scrubbed once more (`scrubbed`).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from vapo_engine.providers import (
     scrub,
 )
 
-from .channel_support import Progress, load_channel, report_progress
+from .channel_support import Progress, load_channel, report_progress, scrubbed
 from .smoke import SmokeResult, smoke_test, smoke_test_sync
 
 MAX_MODELS_SHOWN = 20
@@ -165,12 +166,12 @@ async def check_channel(channel: Channel | None = None, *, settings_path: str | 
     try:
         base = normalize_base_url(channel.base_url)
     except BaseURLError:
-        return _unusable_url(channel, env)
+        return scrubbed(_unusable_url(channel, env), channel)
     own = client is None
     client = client or ProviderClient.from_channel(channel, base_url=base,
                                                    **({"policy": policy} if policy else {}))
     try:
-        return await _run_checks(channel, client, env, probe_chat, on_progress)
+        return scrubbed(await _run_checks(channel, client, env, probe_chat, on_progress), channel)
     finally:
         if own:
             await client.aclose()

@@ -1,14 +1,19 @@
-"""Shared by the channel tools: load the channel from the two files, report progress to sync/async callbacks."""
+"""Shared by the channel tools: load the channel from the two files, report progress to sync/async callbacks,
+and scrub a result of the channel key before it leaves a tool."""
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from vapo_engine.config import Channel, load_config, load_settings, resolve_channel
+from vapo_engine.providers import scrub_model
 
 log = logging.getLogger("tools.channel")
+R = TypeVar("R", bound=BaseModel)
 Progress = Callable[[float, str], Any | Awaitable[Any]]
 """`on_progress(fraction, message)`; may be a coroutine function (an MCP context's report_progress)."""
 
@@ -34,3 +39,11 @@ async def report_progress(cb: Progress | None, fraction: float, message: str) ->
             await out
     except Exception as e:  # noqa: BLE001 - progress is best-effort
         log.debug("progress callback failed: %s", e)
+
+
+def scrubbed(result: R, channel: Channel) -> R:
+    """`result` with every string scrubbed of the channel key (and of credential-shaped text): the last check
+    before a tool returns. The client already scrubs what the server sends; this also covers what was built
+    from it. A "key" that is just the variable's name (a common mistake) is public and stays readable."""
+    key = channel.key.reveal().strip() if channel.key else ""
+    return scrub_model(result, [channel.key] if key and key != channel.api_key_env else [])

@@ -3,11 +3,11 @@ the comparison table of an ablation (ablation id). Plain functions; no mcp, no t
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from vapo_engine.metrics import CATALOGUE, read_metrics
+from vapo_engine.metrics import CATALOGUE
+from vapo_engine.rundir import REPORT_PNG, RunDir
 
 from .paths import Files, ToolInputError, manager_for
 from .plots import plot_curves, plot_run
@@ -97,14 +97,14 @@ def report_metrics(f: Files, run_id: str, *, names: list[str] | None = None, cur
         raise ToolInputError(f"unknown metric(s) {bad}; valid names: {', '.join(sorted(CATALOGUE))}")
     mgr, _ = manager_for(f)
     rec = mgr.get(run_id)
-    recs = read_metrics(Path(rec.run_dir) / "metrics.jsonl")
+    recs = RunDir(rec.run_dir).metrics()
     train = _last_per_step([r for r in recs if r.get("kind") == "train"])
     evals = _last_per_step([r for r in recs if r.get("kind") == "eval"])
     limit = max(1, min(limit, MAX_POINTS))
     page = train[cursor:cursor + limit]
     series = {n: [[r["step"], r[n]] for r in page if isinstance(r.get(n), (int, float))] for n in names}
     latest = {k: v for k, v in (train[-1] if train else {}).items() if isinstance(v, (int, float)) and "/" in k}
-    png = plot_run(train + evals, Path(rec.run_dir) / "report.png", f"run {run_id}") if plot and train else None
+    png = plot_run(train + evals, RunDir(rec.run_dir).file(REPORT_PNG), f"run {run_id}") if plot and train else None
     return MetricsReport(run_id=run_id, state=rec.state.value, step=train[-1]["step"] if train else 0,
                          latest=latest, evals=[_eval_row(r) for r in evals[-50:]], trends=trends(train, evals),
                          series=series, cursor=cursor,
@@ -130,12 +130,13 @@ def ablation_report(f: Files, ablation_id: str, *, threshold: float | None = Non
     mgr, _ = manager_for(f)
     runs = mgr.registry.list(group_id=ablation_id, limit=100)
     if not runs:
-        raise ToolInputError(f"unknown ablation id {ablation_id!r}; ablate() returns one")
+        raise ToolInputError(f"unknown ablation id {ablation_id!r}; ablate() returns one, and "
+                             "list_runs(tag='abl-…') shows the runs of existing ablations")
     latest: dict[str, object] = {}
     for r in sorted(runs, key=lambda r: r.created):
         latest[r.variant or r.run_id] = r  # a resumed variant replaces its earlier attempt
     curves = {v: [(e["step"], e["eval/greedy_accuracy"]) for e in _last_per_step(
-        [x for x in read_metrics(Path(r.run_dir) / "metrics.jsonl") if x.get("kind") == "eval"])
+        [x for x in RunDir(r.run_dir).metrics() if x.get("kind") == "eval"])
         if isinstance(e.get("eval/greedy_accuracy"), (int, float))] for v, r in latest.items()}
     full = curves.get("vapo") or []
     thr = threshold if threshold is not None else (max(a for _, a in full) * 0.9 if full else 0.5)

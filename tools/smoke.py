@@ -22,7 +22,7 @@ from vapo_engine.config import Channel
 from vapo_engine.diagnostics import Diagnosis, Evidence, channel_facts, diagnose, error_facts
 from vapo_engine.providers import ChatResult, ProviderClient, ProviderError, RetryPolicy, safe_text
 
-from .channel_support import Progress, load_channel, report_progress
+from .channel_support import Progress, load_channel, report_progress, scrubbed
 
 log = logging.getLogger("tools.smoke")
 DEFAULT_QUESTION = "A train travels 240 km in 3 hours. What is its average speed?"
@@ -125,6 +125,7 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
     await progress(0.05, "channel resolved")
     own = client is None
     base = {"question": question, "expected": expected, "model_requested": model, "streamed": stream}
+    secrets = [channel.key] if channel.key else []
     try:
         client = client or ProviderClient.from_channel(channel, **({"policy": policy} if policy else {}))
         await progress(0.15, f"asking {model}" + (" (streaming)" if stream else ""))
@@ -134,7 +135,7 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
     except ProviderError as e:
         out = _failed(channel, e, base, env)
     except ValueError as e:  # an unusable base URL
-        out = SmokeResult(passed=False, reason=f"cannot call the API: {safe_text(e, 300)}",
+        out = SmokeResult(passed=False, reason=f"cannot call the API: {safe_text(e, 300, secrets)}",
                           diagnosis=_diagnosis(channel, None, env), **base)
     else:
         out = _judged(channel, result, base)
@@ -144,7 +145,7 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
     for task in progress.pending:
         await task
     await progress(1.0, "passed" if out.passed else "failed")
-    return out
+    return scrubbed(out, channel)
 
 
 def _judged(channel: Channel, r: ChatResult, base: dict) -> SmokeResult:

@@ -3,20 +3,18 @@ pydantic models; no mcp, no torch. Long work never blocks: each call returns at 
 """
 from __future__ import annotations
 
-import json
 import secrets
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.jobs import RunRecord
-from vapo_engine.jobs.runner import log_tail
-from vapo_engine.metrics import read_metrics
+from vapo_engine.rundir import RunDir
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
+from . import access
 from .paths import Files, ToolInputError, manager_for
 
 
@@ -54,14 +52,11 @@ class RunStatus(BaseModel):
 
 
 def _view(rec: RunRecord) -> RunView:
-    recs = read_metrics(rec.run_dir / "metrics.jsonl")
+    rd = RunDir(rec.run_dir)
+    recs = rd.metrics()
     train = [r for r in recs if r.get("kind") == "train"]
     evals = [r for r in recs if r.get("kind") == "eval"]
-    total = None
-    try:
-        total = json.loads((rec.run_dir / "config.json").read_text())["training"]["total_steps"]
-    except (OSError, ValueError, KeyError):
-        pass
+    total = (rd.config().get("training") or {}).get("total_steps")
     last_eval = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")}
     return RunView(run_id=rec.run_id, state=rec.state.value, message=rec.message, experiment=rec.experiment,
                    tags=list(rec.tags), run_dir=str(rec.run_dir), variant=rec.variant, group_id=rec.group_id,
@@ -70,8 +65,13 @@ def _view(rec: RunRecord) -> RunView:
 
 
 def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainConfig:
-    """Validate config + preset + overrides and the datasets they name (errors say what to fix)."""
+    """Validate config + preset + overrides and the datasets they name (errors say what to fix), under the
+    caller's policy (tools.access): a tool call may not move the rendezvous, a remote one may not name paths
+    outside the allowed roots. Both are checked before any data file is opened."""
+    policy = access.current()
+    preset = access.preset_for(f, preset, policy)
     cfg = freeze_paths(load_config(f.config, overrides, preset=preset), f.config.resolve().parent)
+    access.check_config(f, cfg, policy)
     for spec in (cfg.data.train, cfg.eval.benchmark):
         try:
             get_task(spec, cfg.data.data_dir)
@@ -144,7 +144,7 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
            "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
            "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
            "stopped": [f"resume_run('{run_id}') to continue"]}[rec.state.value]
-    return RunStatus(run=_view(rec), log_tail=log_tail(Path(rec.run_dir) / "worker.log", log_lines),
+    return RunStatus(run=_view(rec), log_tail=RunDir(rec.run_dir).log_tail(log_lines),
                      next_steps=nxt)
 
 

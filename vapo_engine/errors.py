@@ -19,3 +19,4 @@ class StorageError(UserError):
 
 def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, UserError)
+

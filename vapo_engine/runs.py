@@ -1,23 +1,18 @@
-"""Run directories: create one with frozen snapshots, and read it back. Torch-free.
-
-Layout of `<runtime.log_dir>/<experiment.name>/<run id>/`:
-  run.json        identity: id, experiment, tags, seed, created, overrides, preset (written once)
-  config.json     the frozen, validated TrainConfig the worker trains with
-  settings.json   the settings snapshot + the effective channel (key redacted)
-  metrics.jsonl   append-only metrics (trainer)
-  checkpoints/    step-N/ folders, each complete only when its DONE marker exists (trainer)
-  tb/             TensorBoard event files (trainer)
+"""Runs as configured objects: create a run directory with its frozen snapshots, load its identity and
+config back, find one by id. Torch-free. The directory's layout and file I/O belong to `vapo_engine.rundir`.
 """
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Settings, TrainConfig, redact
+from .config import Settings, TrainConfig
+from .config.secrets import safe_channel_view, safe_config_dump, safe_overrides, safe_settings_dump, safe_tags
+from .errors import UserError
+from .rundir import CONFIG_JSON, RUN_JSON, SETTINGS_JSON, storage_error, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -40,44 +35,42 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON so that readers see the old or the new file, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def create_run(config: TrainConfig, settings: Settings, root: Path, *, channel_public: dict | None = None,
                overrides: list[str] | tuple[str, ...] = (), preset: str | None = None,
                run_id: str | None = None, extra: dict | None = None) -> RunInfo:
-    """Make the run directory and its frozen snapshots (no secret is written: the channel view is redacted)."""
+    """Make the run directory and its frozen snapshots. No secret is written: the channel view is redacted,
+    and URL credentials, a key pasted into `api_key_env`, and secret-looking override values and tags are
+    redacted (`vapo_engine.config.secrets`); the returned tags — what the registry stores — are the same."""
     run_id = run_id or new_run_id()
     exp = settings.experiment
+    tags = tuple(safe_tags(exp.tags))
     run_dir = root / exp.name / run_id
-    run_dir.mkdir(parents=True, exist_ok=False)
-    write_json_atomic(run_dir / "config.json", config.model_dump(mode="json"))
-    write_json_atomic(run_dir / "settings.json", {"settings": settings.model_dump(mode="json"),
-                                                  "channel": _safe_channel(channel_public)})
-    write_json_atomic(run_dir / "run.json", {"run_id": run_id, "experiment": exp.name, "tags": list(exp.tags),
-                                             "seed": exp.seed, "created": time.time(),
-                                             "overrides": list(overrides), "preset": preset, **(extra or {})})
-    return RunInfo(run_id, run_dir, exp.name, tuple(exp.tags), exp.seed)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise UserError(f"run directory {run_dir} already exists; pick another run id") from None
+    except OSError as e:
+        raise storage_error(run_dir, e) from None
+    write_json_atomic(run_dir / CONFIG_JSON, safe_config_dump(config.model_dump(mode="json")))
+    write_json_atomic(run_dir / SETTINGS_JSON, {"settings": safe_settings_dump(settings.model_dump(mode="json")),
+                                                "channel": _safe_channel(channel_public)})
+    write_json_atomic(run_dir / RUN_JSON, {"run_id": run_id, "experiment": exp.name, "tags": list(tags),
+                                           "seed": exp.seed, "created": time.time(),
+                                           "overrides": safe_overrides(overrides), "preset": preset,
+                                           **(extra or {})})
+    return RunInfo(run_id, run_dir, exp.name, tags, exp.seed)
 
 
 def _safe_channel(public: dict | None) -> dict | None:
-    if public is None:
-        return None
-    key = public.get("key", "")
-    if key and "…" not in key and not key.startswith("<"):
-        public = {**public, "key": redact(key)}
-    return public
+    """The channel view with the key redacted, base-URL credentials stripped and a pasted key hidden."""
+    return safe_channel_view(public)
 
 
 def load_run(run_dir: str | Path) -> tuple[RunInfo, TrainConfig]:
     """Read a run directory's identity and frozen config."""
     run_dir = Path(run_dir)
-    meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    config = TrainConfig.model_validate(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
+    meta = json.loads((run_dir / RUN_JSON).read_text(encoding="utf-8"))
+    config = TrainConfig.model_validate(json.loads((run_dir / CONFIG_JSON).read_text(encoding="utf-8")))
     info = RunInfo(meta["run_id"], run_dir, meta["experiment"], tuple(meta.get("tags", ())), int(meta["seed"]))
     return info, config
 
@@ -86,7 +79,7 @@ def find_run(root: Path, run_id: str) -> Path | None:
     """The directory of a run id under any experiment of `root` (None if absent)."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         return None
-    hits = [p for p in root.glob(f"*/{run_id}") if (p / "run.json").is_file()]
+    hits = [p for p in root.glob(f"*/{run_id}") if (p / RUN_JSON).is_file()]
     return hits[0] if hits else None
 
 

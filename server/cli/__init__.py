@@ -1,8 +1,9 @@
 """The `vapo-mcp` command line: one parser, one module per command group (imported lazily).
 
 Each module in `COMMANDS` exposes `register(subparsers)` adding its subcommands; each subcommand sets
-`func(args) -> int` (the exit code). User mistakes raise `UserError` (or `ConfigError`) and are printed
-without a traceback, exit 2. Torch is imported only by commands that train.
+`func(args) -> int` (the exit code). User mistakes raise a `vapo_engine.errors.UserError` (ConfigError,
+TaskError, RunError, the CLI's own UserError, …: the one error contract the MCP server uses too) and are
+printed without a traceback, exit 2. Torch is imported only by commands that train.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vapo_engine.config import ConfigError
+from vapo_engine.config.secrets import redact_tokens
 from vapo_engine.providers import scrub
 
 from .common import CONFIG_ENV, SETTINGS_ENV, UserError, add_file_options, add_json_option, print_json
@@ -52,11 +53,12 @@ def register(sub) -> None:
 
 @contextmanager
 def _safe_config_errors():
-    """Config errors quote the offending value; if a key was pasted into a file, print it redacted."""
+    """Config errors quote the offending value; if a key was pasted into a file, print it redacted (a known
+    prefix, a credential-named value, or an unprefixed token that looks like a key)."""
     try:
         yield
     except ConfigError as e:
-        raise UserError(scrub(str(e))) from None
+        raise UserError(redact_tokens(scrub(str(e)))) from None
 
 
 def _logging() -> None:
@@ -185,8 +187,8 @@ def diagnose_cmd(args) -> int:
             settings_path=_default_file(args.settings, SETTINGS_ENV, "settings.json"),
             config_path=_default_file(args.config, CONFIG_ENV, "config.toml"), code_path=args.code,
             base_url=args.base_url, model=args.model, limit=args.limit)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    except ValueError as e:  # an argument error may quote what was passed (a key, by mistake)
+        raise UserError(redact_tokens(scrub(str(e)))) from None
     if args.json:
         print_json(diagnosis.model_dump(mode="json"))
         return 0

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from tools.paths import CONFIG_ENV, SETTINGS_ENV
-from vapo_engine.config import ConfigError
 from vapo_engine.errors import UserError as _UserError
+from vapo_engine.errors import is_user_error
+from vapo_engine.providers.redaction import public_message
 
 
 class UserError(_UserError):
@@ -37,8 +38,9 @@ def print_json(obj) -> None:
 
 
 def report_error(e: BaseException) -> bool:
-    """Print a user error without a traceback; return False for anything that is a bug."""
-    if isinstance(e, (ConfigError, UserError)):
-        print(f"error: {e}", file=sys.stderr)
+    """Print a user error (vapo_engine.errors: the one contract the MCP server uses too) without a traceback;
+    return False for anything that is a bug."""
+    if is_user_error(e):
+        print(f"error: {public_message(e)}", file=sys.stderr)
         return True
     return False

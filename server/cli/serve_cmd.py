@@ -1,4 +1,7 @@
-"""`vapo-mcp serve`: the MCP server over stdio (default, for coding agents) or streamable HTTP (headless)."""
+"""`vapo-mcp serve`: the MCP server over stdio (default, for coding agents) or streamable HTTP (headless).
+
+Over HTTP the clients are remote agents: the tools read files only under the allowed roots (the project,
+runtime.log_dir, the data dir and each `--allow-path DIR`; see tools.access)."""
 from __future__ import annotations
 
 import logging
@@ -17,8 +20,22 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host header names accepted (DNS-rebinding protection), repeatable")
+    p.add_argument("--allow-path", action="append", default=[], metavar="DIR",
+                   help="with --http: a folder HTTP clients may name paths under, besides the project, the log "
+                        "dir and the data dir; repeatable")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve)
+
+
+def allowed_folders(paths: list[str]) -> tuple[Path, ...]:
+    """The --allow-path folders, resolved; each must be an existing folder."""
+    out = []
+    for raw in paths:
+        p = Path(raw).expanduser().resolve()
+        if not p.is_dir():
+            raise UserError(f"--allow-path {raw}: not an existing folder; create it or pass the right path")
+        out.append(p)
+    return tuple(out)
 
 
 def serve(args) -> int:
@@ -29,14 +46,17 @@ def serve(args) -> int:
     os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
     os.environ[SETTINGS_ENV] = str(Path(args.settings).resolve())
     from server.app import build_server
-    server = build_server()
+    from tools.access import Policy
     if not args.http:
-        server.run("stdio")
+        if args.allow_path:
+            logging.getLogger("vapo_mcp.serve").warning("--allow-path applies to --http only; a stdio client "
+                                                        "is the local user and may name any file")
+        build_server(Policy("stdio")).run("stdio")
         return 0
-    from server.http import TOKEN_ENV, serve_http
-    try:
-        serve_http(server, host=args.host, port=args.port, token=os.environ.get(TOKEN_ENV) or None,
-                   allowed_hosts=args.allowed_host, log_level=args.log_level)
-    except PermissionError as e:
-        raise UserError(str(e)) from None
+    from server.http import TOKEN_ENV, check_token, serve_http
+    token = os.environ.get(TOKEN_ENV) or None
+    check_token(args.host, token)
+    server = build_server(Policy("http", allowed_folders(args.allow_path)))
+    serve_http(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allowed_host,
+               log_level=args.log_level)
     return 0

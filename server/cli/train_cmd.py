@@ -7,7 +7,6 @@ Ctrl-C leaves it running in the background (`vapo-mcp runs status RUN_ID`).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tools.paths import ToolInputError, files, manager_for
 from tools.training import resume_run, start_training
 from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError
+from vapo_engine.rundir import WORKER_LOG, RunDir
 
 from .common import UserError, add_file_options, print_json
 
@@ -39,8 +39,8 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     print(f"run {view.run_id}: {view.run_dir}", flush=True)
     mgr, _ = manager_for(f)
-    rec = _follow(mgr, view.run_id, Path(view.run_dir) / "worker.log", quiet=args.json)
-    summary = _read(Path(rec.run_dir) / "summary.json") if rec.state.value in ("succeeded", "stopped") else {}
+    rec = _follow(mgr, view.run_id, RunDir(view.run_dir).file(WORKER_LOG), quiet=args.json)
+    summary = RunDir(rec.run_dir).summary() if rec.state.value in ("succeeded", "stopped") else {}
     if args.json:
         print_json({"run_id": rec.run_id, "state": rec.state.value, "message": rec.message, **summary})
     else:
@@ -81,13 +81,6 @@ def _print_new(log: Path, pos: int, quiet: bool) -> int:
     if data and not quiet:
         print(data.decode("utf-8", "replace"), end="", flush=True)
     return pos + len(data)
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _print_summary(rec, summary: dict) -> None:

@@ -2,7 +2,9 @@
 
 Precedence (SPEC §2): `TAOTOKEN_BASE_URL` overrides `api.base_url`; the key comes from the variable that
 `api.api_key_env` names, the real environment winning over a `.env` file next to settings.json.
-The result records which source won for each value and never shows the key unredacted.
+The result records which source won for each value and never shows the key unredacted — nor a key pasted
+into `api.api_key_env` (the channel keeps only its display form, see `secrets.safe_env_name`), nor the
+credentials of a `user:pass@` base URL in anything meant for display (`public()`, warnings).
 """
 from __future__ import annotations
 
@@ -14,20 +16,27 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from .errors import ConfigIssue
-from .secrets import Secret
+from .secrets import (
+    Secret,
+    safe_channel_view,
+    safe_env_name,
+    strip_url_credentials,
+)
 from .settings_model import Settings
 from .train_model import TrainConfig
 
 BASE_URL_ENV = "TAOTOKEN_BASE_URL"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Channel:
-    """Everything needed to call the API, with where each value came from."""
+    """Everything needed to call the API, with where each value came from. Its repr is the public view."""
 
     base_url: str
+    """The URL the client calls (credentials included, if the user wrote any): shown only via `public()`."""
     base_url_source: str
     api_key_env: str
+    """The variable's name as it may be shown (redacted when a key was pasted in its place)."""
     key: Secret | None
     key_source: str
     headers: dict[str, str] = field(default_factory=dict)
@@ -41,12 +50,16 @@ class Channel:
     def key_redacted(self) -> str:
         return self.key.redacted if self.key else "<not set>"
 
+    def __repr__(self) -> str:
+        return f"Channel({self.public()})"
+
     def public(self) -> dict:
-        """A JSON-safe view with the key redacted."""
-        return {"base_url": self.base_url, "base_url_source": self.base_url_source,
-                "api_key_env": self.api_key_env, "key": self.key_redacted, "key_source": self.key_source,
-                "reasoning_model": self.reasoning_model, "fallback_model": self.fallback_model,
-                "stream": self.stream, "timeout_seconds": self.timeout_seconds, "max_retries": self.max_retries}
+        """A JSON-safe view: the key redacted, base-URL credentials stripped."""
+        return safe_channel_view({
+            "base_url": self.base_url, "base_url_source": self.base_url_source, "api_key_env": self.api_key_env,
+            "key": self.key_redacted, "key_source": self.key_source, "reasoning_model": self.reasoning_model,
+            "fallback_model": self.fallback_model, "stream": self.stream, "timeout_seconds": self.timeout_seconds,
+            "max_retries": self.max_retries})
 
 
 def resolve_channel(settings: Settings, config: TrainConfig | None = None, *,
@@ -60,9 +73,13 @@ def resolve_channel(settings: Settings, config: TrainConfig | None = None, *,
     base_url, base_src = settings.api.base_url, f"{settings_file} api.base_url"
     if env.get(BASE_URL_ENV):
         base_url, base_src = env[BASE_URL_ENV], f"environment {BASE_URL_ENV}"
-    name = settings.api.api_key_env
-    key, key_src = _key(name, env, dot, dotenv_path)
-    if key is None:
+    raw_name = settings.api.api_key_env
+    key, key_src = _key(raw_name, env, dot, dotenv_path)
+    name = safe_env_name(raw_name)
+    key_src = key_src.replace(raw_name, name)
+    if key is None and name != raw_name:
+        warnings.append(_pasted_key_issue(settings_file, name))
+    elif key is None:
         warnings.append(ConfigIssue(settings_file, "api.api_key_env", f"{name} is not set (not in the "
                                     f"environment, not in {dotenv_path or '.env'})", f"export {name}=<your key> "
                                     f"or add {name}=<your key> to .env (keep .env git-ignored); the key is "
@@ -73,6 +90,15 @@ def resolve_channel(settings: Settings, config: TrainConfig | None = None, *,
     ch = Channel(base_url, base_src, name, key, key_src, dict(settings.api.default_headers),
                  settings.models.reasoning, settings.models.fallback, settings.runtime.stream, timeout, retries)
     return ch, warnings
+
+
+def _pasted_key_issue(settings_file: str, shown: str) -> ConfigIssue:
+    """`api.api_key_env` holds what looks like the key itself (an identifier-shaped token passes the name check)."""
+    return ConfigIssue(settings_file, "api.api_key_env", f"looks like an API key ({shown}), not the name of an "
+                       "environment variable, and no variable of that name is set",
+                       "put the key in an environment variable (export TAOTOKEN_API_KEY=<your key>, or a "
+                       "git-ignored .env) and set api.api_key_env to that variable's name; rotate the key if "
+                       "this file was shared or committed", level="warning")
 
 
 def _dotenv(path: str | Path | None) -> dict[str, str]:
@@ -95,11 +121,17 @@ def _cross_file(settings: Settings, config: TrainConfig, settings_file: str) -> 
              ("api_key_env", settings.api.api_key_env, config.api.api_key_env))
     for key, s_val, c_val in pairs:
         if s_val.rstrip("/") != c_val.rstrip("/"):
+            s_val, c_val = _shown(key, s_val), _shown(key, c_val)
             out.append(ConfigIssue("config.toml", f"api.{key}", f"differs from {settings_file} api.{key} "
                                    f"({c_val!r} vs {s_val!r}); {settings_file} is used for every API call, "
                                    "config.toml [api] contributes only timeout_seconds and max_retries",
                                    f"make them equal (set api.{key} = {s_val!r} in config.toml)", level="warning"))
     return out
+
+
+def _shown(key: str, value: str) -> str:
+    """A base URL or variable name as a warning may quote it."""
+    return strip_url_credentials(value) if key == "base_url" else safe_env_name(value)
 
 
 def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[ConfigIssue]:

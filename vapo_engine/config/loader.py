@@ -15,7 +15,7 @@ import tomllib
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, FieldProblem
-from .secrets import redact
+from .secrets import redact, redact_tokens, safe_override
 from .settings_model import Settings
 from .train_model import TrainConfig
 
@@ -28,10 +28,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     overrides (TOML values, dotted keys): later wins."""
     path = Path(path)
     raw = _read(path, _parse_toml)
+    layer = None
     if preset:
-        raw = _merge(raw, _read(preset_path(preset), _parse_toml))
+        ppath = preset_path(preset)
+        layer = (str(ppath), _read(ppath, _parse_toml))
+        raw = _merge(raw, layer[1])
     over = parse_overrides(overrides)
-    return validate(TrainConfig, _merge(raw, over), str(path), over)
+    return validate(TrainConfig, _merge(raw, over), str(path), over, preset=layer)
 
 
 def preset_names() -> list[str]:
@@ -39,11 +42,12 @@ def preset_names() -> list[str]:
 
 
 def preset_path(preset: str) -> Path:
-    """A built-in preset name (see `preset_names()`) or a path to a TOML file."""
+    """A built-in preset name (exactly one of `preset_names()`, so '../x' cannot reach outside the presets
+    folder) or a path to a TOML file."""
     p = Path(preset)
     if p.suffix == ".toml" and p.is_file():
         return p
-    if (PRESETS_DIR / f"{preset}.toml").is_file():
+    if preset in preset_names():
         return PRESETS_DIR / f"{preset}.toml"
     raise ConfigError([ConfigIssue("--preset", preset, "unknown preset", "use one of "
                                    f"{', '.join(preset_names())} or a path to a .toml file")])
@@ -75,10 +79,31 @@ def _parse_toml(text: str, name: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         line, col = _toml_position(str(e))
-        msg = str(e).split(" (at line")[0]
+        msg = _toml_message(str(e))
         raise ConfigError([ConfigIssue(name, "", f"TOML syntax error: {msg}", "fix the syntax at that line "
                                        '(strings need quotes, one key = value per line)', line=line,
                                        column=col)]) from None
+
+
+# tomllib messages that quote the file (a key, a character); the error names line and column instead
+_TOML_QUOTING = (
+    ("Cannot declare", "a table is declared twice"),
+    ("Duplicate inline table key", "a key is repeated in an inline table"),
+    ("Cannot mutate immutable namespace", "a key extends an inline table or array defined earlier"),
+    ("Cannot redefine namespace", "a table redefines a key"),
+    ("Found invalid character", "invalid character"),
+    ("Illegal character", "illegal character"),
+)
+
+
+def _toml_message(text: str) -> str:
+    """tomllib's message without the position suffix and without any text quoted from the file."""
+    msg, _, where = text.partition(" (at ")
+    suffix = " (at end of document)" if where.startswith("end of document") else ""
+    for prefix, neutral in _TOML_QUOTING:
+        if msg.startswith(prefix):
+            return neutral + suffix
+    return msg + suffix
 
 
 def _toml_position(msg: str) -> tuple[int | None, int | None]:
@@ -103,7 +128,7 @@ def parse_overrides(items) -> dict:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not p for p in key.split(".")):
-            raise ConfigError([ConfigIssue("--set", item, "override must look like section.key=value",
+            raise ConfigError([ConfigIssue("--set", safe_override(item), "override must look like section.key=value",
                                            "e.g. --set vapo.alpha=0.5")])
         node = out
         parts = key.split(".")
@@ -129,29 +154,31 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def validate(model: type[BaseModel], data: dict, file: str, overrides: dict) -> Any:
-    """Validate `data` with `model`; raise `ConfigError` listing every problem with key, range and fix."""
+def validate(model: type[BaseModel], data: dict, file: str, overrides: dict,
+             preset: tuple[str, dict] | None = None) -> Any:
+    """Validate `data` with `model`; raise `ConfigError` listing every problem with key, range and fix, each
+    named after where the value came from: an override (--set), the preset file (`preset` = its path and
+    contents) or `file`."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        issues = [_issue(model, err, file, overrides) for err in e.errors()]
-        raise ConfigError(issues) from None
+        where = (lambda loc: _source(file, overrides, loc, preset))
+        raise ConfigError([_issue(model, err, where) for err in e.errors()]) from None
 
 
-def _issue(model: type[BaseModel], err: dict, file: str, overrides: dict) -> ConfigIssue:
+def _issue(model: type[BaseModel], err: dict, where) -> ConfigIssue:
     loc = [str(p) for p in err["loc"]]
     problem = (err.get("ctx") or {}).get("error")
     if isinstance(problem, FieldProblem):
-        return ConfigIssue(_source(file, overrides, problem.key.split(".")), problem.key, problem.message,
-                           problem.fix)
+        return ConfigIssue(where(problem.key.split(".")), problem.key, problem.message, problem.fix)
     key = ".".join(loc)
-    src = _source(file, overrides, loc)
+    src = where(loc)
     if err["type"] == "extra_forbidden":
         return _unknown_key(model, loc, src)
     if err["type"] == "missing":
         return ConfigIssue(src, key, "required key is missing", f"add {key}")
     field = _field(model, loc)
-    shown = json.dumps(err.get("input"), default=str)
+    shown = redact_tokens(json.dumps(err.get("input"), default=str))  # a pasted token must not reach the message
     if any(w in loc[-1].lower() for w in ("key", "token", "secret", "header")):
         shown = redact(str(err.get("input")))  # a pasted key must not reach the message
     allowed = _allowed(field, err)
@@ -162,13 +189,19 @@ def _issue(model: type[BaseModel], err: dict, file: str, overrides: dict) -> Con
                        f"set {key} to {allowed or 'a valid value'}{default}")
 
 
-def _source(file: str, overrides: dict, loc: list[str]) -> str:
-    node: Any = overrides
+def _source(file: str, overrides: dict, loc: list[str], preset: tuple[str, dict] | None = None) -> str:
+    if _holds(overrides, loc):
+        return "--set"
+    return preset[0] if preset and _holds(preset[1], loc) else file
+
+
+def _holds(tree: dict, loc: list[str]) -> bool:
+    node: Any = tree
     for p in loc:
         if not isinstance(node, dict) or p not in node:
-            return file
+            return False
         node = node[p]
-    return "--set"
+    return True
 
 
 def _unknown_key(model: type[BaseModel], loc: list[str], src: str) -> ConfigIssue:

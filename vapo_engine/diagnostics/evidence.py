@@ -152,9 +152,9 @@ def url_facts(raw: str | None, source: str = "") -> URLFacts | None:
         return None
     try:
         b = normalize_base_url(raw)
-    except BaseURLError as e:
-        return URLFacts(raw=scrub(raw), source=source, error_kind=e.kind, error=e.message, fix=e.fix)
-    return URLFacts(raw=scrub(raw), source=source, normalised=b.url, kinds=list(b.kinds), host=b.host,
+    except BaseURLError as e:  # its message and fix may quote the URL, credentials included
+        return URLFacts(raw=scrub(raw), source=source, error_kind=e.kind, error=scrub(e.message), fix=scrub(e.fix))
+    return URLFacts(raw=scrub(raw), source=source, normalised=scrub(b.url), kinds=list(b.kinds), host=b.host,
                     loopback=b.is_loopback)
 
 

@@ -1,7 +1,9 @@
 """Build `Evidence` from what a user or a tool has: status, body, headers, log text, files, code, a live error.
 
 This is the I/O side of diagnostics (reading settings/config, scanning code, running git); the evaluator in
-`engine.py` stays pure. Every string that enters `Evidence` is scrubbed (known key + credential patterns).
+`engine.py` stays pure. Every string that enters `Evidence` is scrubbed (known key + credential patterns);
+what a user pastes (a body, headers, a log, a question) is also cleared of bare tokens that look like a key
+(`looks_like_secret`: a key with no prefix and no name around it, e.g. echoed inside an error message).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_engine.config import BASE_URL_ENV, Channel, ConfigError, load_config, load_settings, resolve_channel
-from vapo_engine.metrics import read_metrics
+from vapo_engine.config.secrets import looks_like_secret, redact_tokens, safe_config_dump
 from vapo_engine.providers import (
     APIConnectionError,
     ProviderError,
@@ -22,7 +24,9 @@ from vapo_engine.providers import (
     parse_error_body,
     safe_text,
     scrub,
+    truncate,
 )
+from vapo_engine.rundir import CONFIG_JSON, METRICS, RUN_JSON, SUMMARY_JSON, WORKER_LOG, RunDir, step_of
 
 from .evidence import ENV_NAME, Evidence, crash_facts, key_facts, pack_metrics, proxy_facts, url_facts
 from .scan import dotenv_status, scan_code
@@ -36,10 +40,22 @@ _STATUS_PATTERNS = re.compile(
     re.IGNORECASE)
 _EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Timeout))\b", re.MULTILINE)
 _DICT_AFTER_CODE = re.compile(r"Error code: \d{3} - (\{.*\})")
+_SECRET_HEADERS = {"authorization", "cookie", "set-cookie", "proxy-authorization", "x-api-key", "api-key",
+                   "x-goog-api-key", "x-auth-token", "x-access-token", "x-api-token", "apikey", "api_key"}
+
+
+def clean_text(text: object, secrets=()) -> str:
+    """User-pasted text with the known key, credential-shaped strings and bare key-like tokens redacted."""
+    return redact_tokens(scrub(text, secrets))
+
+
+def _clean(text: object, limit: int, secrets=()) -> str:
+    return truncate(clean_text(text, secrets), limit)
 
 
 def parse_headers(headers: Mapping[str, str] | Iterable[str] | None, secrets=()) -> dict[str, str]:
-    """`{"Retry-After": "2"}` or `["retry-after: 2"]` → lower-case names, credentials dropped, values scrubbed."""
+    """`{"Retry-After": "2"}` or `["retry-after: 2"]` → lower-case names, credential headers dropped, names and
+    values cleaned (`clean_text`)."""
     pairs: list[tuple[str, str]] = []
     if isinstance(headers, Mapping):
         pairs = [(str(k), str(v)) for k, v in headers.items()]
@@ -47,11 +63,10 @@ def parse_headers(headers: Mapping[str, str] | Iterable[str] | None, secrets=())
         for h in headers:
             name, sep, value = str(h).partition(":")
             if not sep:
-                raise ValueError(f"header {h!r} must look like Name: value")
+                raise ValueError(f"header {clean_text(h)!r} must look like Name: value")
             pairs.append((name, value))
-    drop = {"authorization", "cookie", "set-cookie", "proxy-authorization", "x-api-key", "api-key"}
-    return {k.strip().lower(): safe_text(v.strip(), 300, secrets) for k, v in pairs[:50]
-            if k.strip().lower() not in drop}
+    return {_clean(k.strip().lower(), 120, secrets): _clean(v.strip(), 300, secrets) for k, v in pairs[:50]
+            if k.strip().lower() not in _SECRET_HEADERS}
 
 
 def statuses_in_text(text: str) -> list[int]:
@@ -78,10 +93,12 @@ def _body_from_text(text: str) -> Any:
 
 
 def text_facts(text: str, secrets=()) -> dict[str, Any]:
-    """Statuses, network failure kind, exception type and an embedded error body of a log/traceback."""
+    """Statuses, network failure kind, exception type and an embedded error body of a log/traceback
+    (every fact is taken from the cleaned text)."""
+    text = clean_text(text, secrets)
     statuses = statuses_in_text(text)
     exc_types = _EXC_TYPE.findall(text)
-    clean = safe_text(text[-MAX_TEXT:] if len(text) > MAX_TEXT else text, MAX_TEXT, secrets)
+    clean = truncate(text[-MAX_TEXT:] if len(text) > MAX_TEXT else text, MAX_TEXT)
     facts: dict[str, Any] = {"text": clean, "network_kind": classify_network_text(text),
                              "exception_type": exc_types[-1] if exc_types else None}
     if statuses:
@@ -132,7 +149,7 @@ def settings_key_problems(path: Path) -> list[str]:
             out.append(f"{path.name}: api.{name} holds a value ({safe_text(api[name], 60, [api[name]])})")
     env_name = api.get("api_key_env")
     if isinstance(env_name, str) and env_name and not ENV_NAME.match(env_name) and \
-            (len(env_name) >= 20 or env_name.startswith("sk-")):
+            (len(env_name) >= 20 or env_name.startswith("sk-") or looks_like_secret(env_name)):
         out.append(f"{path.name}: api.api_key_env looks like a key, not a variable name "
                    f"({safe_text(env_name, 60, [env_name])})")
     headers = api.get("default_headers")
@@ -149,11 +166,11 @@ def _settings_facts(settings_path: Path, env: Mapping[str, str] | None, config_p
         try:
             config = load_config(config_path)
         except ConfigError as e:
-            facts["config_issues"] += [safe_text(i, 400) for i in e.issues]
+            facts["config_issues"] += [_clean(i, 400) for i in e.issues]
     try:
         settings = load_settings(settings_path)
     except ConfigError as e:
-        facts["config_issues"] += [safe_text(i, 400) for i in e.issues]
+        facts["config_issues"] += [_clean(i, 400) for i in e.issues]
         return facts
     channel, _ = resolve_channel(settings, config, env=env, dotenv_path=settings_path.resolve().parent / ".env",
                                  settings_file=str(settings_path))
@@ -187,7 +204,7 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
         secrets = [channel.key] if channel.key else []
         fields["inputs"].append("channel")
     if text:
-        fields["extra"]["question"] = safe_text(text, 2000, secrets)
+        fields["extra"]["question"] = _clean(text, 2000, secrets)
     if config_path is not None and (cfg := _config_dump(Path(config_path))) is not None:
         fields["extra"]["config"] = cfg
     if run_dir is not None:
@@ -208,8 +225,9 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
 
 
 def _config_dump(cp: Path) -> dict | None:
+    """The config as data for the training rules, with URL credentials and a pasted key redacted."""
     try:
-        return load_config(cp).model_dump(mode="json")
+        return safe_config_dump(load_config(cp).model_dump(mode="json"))
     except (ConfigError, OSError, ValueError):
         return None
 
@@ -220,7 +238,7 @@ def _add_run(fields: dict, run_dir: str | Path, text: str | None, secrets: list)
     run = run_facts(run_dir, secrets)
     fields["extra"].update({k: v for k, v in run.items() if v is not None})
     tail = run["run"]["log_tail"]
-    files = [n for n in ("config.json", "summary.json", "worker.log") if run["run"]["files"].get(n)]
+    files = [n for n in (CONFIG_JSON, SUMMARY_JSON, WORKER_LOG) if run["run"]["files"].get(n)]
     fields["inputs"].append(f"run directory ({run['metrics']['records']} metric records"
                             + "".join(f", {n}" for n in files) + ")")
     return "\n".join(t for t in (tail, text) if t) or None
@@ -230,52 +248,30 @@ def run_facts(run_dir: str | Path, secrets=()) -> dict[str, Any]:
     """`Evidence.extra` entries of a training run directory: `config` (config.json), `metrics` (metrics.jsonl,
     packed), `run` (id, summary.json, bounded worker.log tail, crash, checkpoint steps). Raises `ValueError`
     when `run_dir` is missing or holds none of the files a run directory has."""
-    p = Path(run_dir).expanduser()
+    rd = RunDir(Path(run_dir).expanduser())
+    p = rd.path
     if not p.is_dir():
         raise ValueError(f"run directory {str(p)!r} not found: pass the directory of a run "
                          "(<runtime.log_dir>/<experiment>/<run id>, the run_dir start_training returned)")
-    names = ("run.json", "config.json", "summary.json", "metrics.jsonl", "worker.log")
-    present = {n: (p / n).is_file() for n in names}
-    if not any(present[n] for n in ("run.json", "config.json", "metrics.jsonl")):
+    present = {n: rd.file(n).is_file() for n in (RUN_JSON, CONFIG_JSON, SUMMARY_JSON, METRICS, WORKER_LOG)}
+    if not any(present[n] for n in (RUN_JSON, CONFIG_JSON, METRICS)):
         raise ValueError(f"{str(p)!r} is not a run directory: it has no run.json, config.json or metrics.jsonl")
-    meta, summary, config = (_json_file(p / n) for n in ("run.json", "summary.json", "config.json"))
-    present["summary.json"], present["config.json"] = summary is not None, config is not None  # readable
-    tail = safe_text(_tail(p / "worker.log"), RUN_LOG_CHARS, secrets)
+    meta, summary, config = (rd.read_json(n) for n in (RUN_JSON, SUMMARY_JSON, CONFIG_JSON))
+    present[SUMMARY_JSON], present[CONFIG_JSON] = summary is not None, config is not None  # readable
+    tail = _clean(rd.log_tail(RUN_LOG_LINES, RUN_LOG_CHARS, max_bytes=256_000), RUN_LOG_CHARS, secrets)
     finished = summary is not None and summary.get("status") == "succeeded"
-    steps = sorted(int(c.name.split("-")[1]) for c in (p / "checkpoints").glob("step-*")
-                   if (c / "DONE").is_file() and c.name.split("-")[1].isdigit())
+    steps = sorted(s for s in map(step_of, rd.usable_checkpoints()[0]) if s is not None)
     run_id = meta.get("run_id") if meta is not None else None
-    return {"config": config,
-            "metrics": pack_metrics(read_metrics(p / "metrics.jsonl")),
+    return {"config": config, "metrics": pack_metrics(rd.metrics()),
             "run": {"dir": str(p), "run_id": run_id or p.name, "summary": summary, "log_tail": tail,
                     "crash": None if finished else crash_facts(tail), "checkpoints": steps, "files": present}}
-
-
-def _json_file(path: Path) -> dict | None:
-    """A JSON object file, or None when missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _tail(path: Path, lines: int = RUN_LOG_LINES, max_bytes: int = 256_000) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])[-RUN_LOG_CHARS:]
 
 
 def _config_only(cp: Path) -> list[str]:
     try:
         load_config(cp)
     except ConfigError as e:
-        return [safe_text(i, 400) for i in e.issues]
+        return [_clean(i, 400) for i in e.issues]
     return []
 
 
@@ -286,7 +282,8 @@ def _direct(fields: dict, secrets: list, *, status, body, headers, model, base_u
         fields["status"] = int(status)
         fields["inputs"].append("status code")
     if body:
-        fields["body"] = safe_text(body, MAX_BODY, secrets)
+        body = clean_text(body, secrets)
+        fields["body"] = truncate(body, MAX_BODY)
         fields["error"] = parse_error_body(body, secrets)
         fields["inputs"].append("error body")
     if headers:

@@ -1,10 +1,13 @@
 """The run manager: submit, queue, start detached supervisors, stop, resume, recover. Torch-free.
 
-Runs execute as `python -m vapo_engine.jobs.runner` in their own process session (so they outlive the
-server); at most `max_concurrent` run at once (default 1: two runs never fight over one device); the rest
-wait queued and start when a slot frees (each finishing runner and every manager call tick the queue).
-On every tick, a running run whose supervisor is gone (no process, stale heartbeat) is marked failed with
-the reason and a resume path.
+Runs execute as `python -m vapo_engine.jobs.runner` (the supervisor) in their own process session, so they
+outlive the server; the supervisor starts the worker in a session of its own. At most `max_concurrent` run at
+once (default 1: two runs never fight over one device); the rest wait queued and start when a slot frees
+(each finishing runner and every manager call tick the queue).
+
+Two processes per run, two kinds of evidence: the supervisor beats a heartbeat into the registry; the worker
+holds the run directory's writer lock for its whole life (`RunDir.writer()`). `recover()` uses both, so a
+dead supervisor never makes a live worker look dead, and nothing starts a second writer while the lock is held.
 """
 from __future__ import annotations
 
@@ -16,13 +19,11 @@ import time
 from pathlib import Path
 
 from vapo_engine.errors import UserError
+from vapo_engine.rundir import RUNNER_LOG, RunDir, storage_error
 
+from . import outcome, threads
 from .registry import Registry, RunRecord
-from .runner import HEARTBEAT_S, log_tail
 from .states import State
-
-STALE_AFTER_S = max(30.0, 10 * HEARTBEAT_S)
-MAX_CONCURRENT_ENV = "VAPO_MCP_MAX_CONCURRENT"
 
 
 class RunError(UserError):
@@ -33,7 +34,7 @@ class RunManager:
     def __init__(self, root: str | Path, max_concurrent: int | None = None):
         self.root = Path(root)
         self.registry = Registry(self.root)
-        self.max_concurrent = max_concurrent or int(os.environ.get(MAX_CONCURRENT_ENV, "1"))
+        self.max_concurrent = max_concurrent or threads.max_concurrent()
 
     def submit(self, run_id: str, experiment: str, tags, run_dir: Path, *, group_id: str | None = None,
                variant: str | None = None, nprocs: int = 1) -> RunRecord:
@@ -42,7 +43,8 @@ class RunManager:
         return self.registry.get(run_id)
 
     def tick(self) -> list[str]:
-        """Recover dead runs, then start queued runs while slots are free. Returns the started run ids."""
+        """Recover runs whose supervisor died, then start queued runs while slots are free. Returns the
+        started run ids."""
         self.recover()
         started = []
         for rec in self.registry.claim_queued(self.max_concurrent):
@@ -52,28 +54,44 @@ class RunManager:
 
     def _spawn(self, rec: RunRecord) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(rec.run_dir / "runner.log", "ab") as out:
-            p = subprocess.Popen([sys.executable, "-m", "vapo_engine.jobs.runner", str(self.root), rec.run_id],
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=env, close_fds=True)
+        try:
+            with open(rec.run_dir / RUNNER_LOG, "ab") as out:
+                p = subprocess.Popen([sys.executable, "-m", "vapo_engine.jobs.runner", str(self.root),
+                                      rec.run_id], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env=env, close_fds=True)
+        except OSError as e:
+            self.registry.transition(rec.run_id, State.FAILED, f"could not start its supervisor: {e}")
+            raise storage_error(rec.run_dir / RUNNER_LOG, e) from None
         self.registry.update(rec.run_id, pid=p.pid, heartbeat=time.time())
 
     def recover(self) -> list[str]:
-        """Mark running runs whose supervisor died as failed (with the evidence and the resume path)."""
-        failed = []
-        now = time.time()
+        """For every running run whose supervisor is gone (no process, or no heartbeat for STALE_AFTER_S):
+        - its worker still holds the writer lock → it stays running (the message says so; stop_run works);
+        - its worker is gone too → the end is read from the run directory: succeeded or stopped when the
+          worker wrote that in summary.json during this attempt, else failed with the evidence and the resume
+          path. Returns the run ids that reached a terminal state here."""
+        ended = []
         for rec in self.registry.list(state=State.RUNNING.value, limit=10_000):
-            beat = rec.heartbeat or rec.started or rec.created
-            if _alive(rec.pid) and now - beat < STALE_AFTER_S:
+            if self._supervised(rec):
                 continue
-            if now - beat < STALE_AFTER_S:
-                continue  # just started, pid may not be recorded yet
-            msg = (f"the worker died without reporting (no heartbeat for {now - beat:.0f}s, pid {rec.pid} gone); "
-                   f"last log: {log_tail(rec.run_dir / 'worker.log', 2)!r}; resume_run('{rec.run_id}') "
-                   "continues from the last checkpoint")
-            if self.registry.transition(rec.run_id, State.FAILED, msg):
-                failed.append(rec.run_id)
-        return failed
+            rd = RunDir(rec.run_dir)
+            holder = rd.writer()
+            if holder:
+                msg = (f"its supervisor (pid {rec.pid}) is gone, but the worker (pid {holder.get('pid')}) is still "
+                       f"training; stop_run('{rec.run_id}') stops it; the state is updated when it ends")
+                if rec.message != msg:
+                    self.registry.update(rec.run_id, message=msg)
+                continue
+            state, msg = outcome.final_state(rd, None, stopped=False, since=rec.started)
+            if self.registry.transition(rec.run_id, state, msg):
+                ended.append(rec.run_id)
+        return ended
+
+    @staticmethod
+    def _supervised(rec: RunRecord) -> bool:
+        beat = rec.heartbeat or rec.started or rec.created
+        fresh = time.time() - beat < outcome.STALE_AFTER_S
+        return fresh and (rec.pid is None or outcome.pid_alive(rec.pid))  # no pid yet: just claimed
 
     def get(self, run_id: str) -> RunRecord:
         rec = self.registry.get(run_id) if run_id else None
@@ -83,33 +101,55 @@ class RunManager:
         return rec
 
     def stop(self, run_id: str, *, force: bool = False) -> RunRecord:
+        """Graceful: the worker checkpoints, then exits (through its supervisor when that is alive). Force:
+        SIGKILL to the worker's and the supervisor's process groups."""
         rec = self.get(run_id)
         if rec.state.terminal:
-            raise RunError(f"run {run_id} is already {rec.state.value}; nothing to stop")
+            nxt = (f"resume_run('{run_id}') continues it" if rec.state is not State.SUCCEEDED
+                   else f"report_metrics('{run_id}') shows its results")
+            raise RunError(f"run {run_id} is already {rec.state.value}, so there is nothing to stop; {nxt}, or "
+                           "list_runs(state='running') shows the runs that can be stopped")
         if rec.state is State.QUEUED:
             self.registry.transition(run_id, State.STOPPED, "stopped before it started")
-        elif rec.pid:
-            sig = signal.SIGKILL if force else signal.SIGTERM
-            try:
-                os.killpg(rec.pid, sig) if force else os.kill(rec.pid, sig)
-            except ProcessLookupError:
-                pass
-            if force:
-                self.registry.transition(run_id, State.STOPPED, "force-stopped (SIGKILL); resume_run continues "
-                                         "from the last checkpoint")
+            return self.get(run_id)
+        holder = RunDir(rec.run_dir).writer()
+        supervisor = rec.pid if outcome.pid_alive(rec.pid) else None
+        if force:
+            for pgid in supervisor, (holder or {}).get("pgid"):  # the supervisor first: it must not report
+                _signal_group(pgid, signal.SIGKILL)
+            self.registry.transition(run_id, State.STOPPED, "force-stopped (SIGKILL); "
+                                     f"{outcome.resume_hint(RunDir(rec.run_dir))}")
+        elif supervisor:
+            _signal(supervisor, signal.SIGTERM)  # it forwards the request and records the end
+        elif holder and holder.get("pid"):
+            _signal(holder["pid"], signal.SIGTERM)
+            self.registry.update(run_id, message=f"stop requested from the worker (pid {holder['pid']}) directly "
+                                 "(its supervisor is gone); it checkpoints, then exits; poll run_status")
         return self.get(run_id)
 
     def resume(self, run_id: str) -> RunRecord:
         rec = self.get(run_id)
         if not rec.state.terminal or rec.state is State.SUCCEEDED:
-            raise RunError(f"run {run_id} is {rec.state.value}; only failed or stopped runs can be resumed")
-        if not any((p / "DONE").is_file() for p in (rec.run_dir / "checkpoints").glob("step-*")):
-            raise RunError(f"run {run_id} has no complete checkpoint to resume from; start_training again")
+            nxt = ("start_training for a new run (to train further, raise training.total_steps)"
+                   if rec.state is State.SUCCEEDED else f"stop_run('{run_id}') first, or let it finish")
+            raise RunError(f"run {run_id} is {rec.state.value}; only failed or stopped runs can be resumed: {nxt}")
+        rd = RunDir(rec.run_dir)
+        holder = rd.writer()
+        if holder:
+            raise RunError(f"a worker (pid {holder.get('pid')}) is still writing run {run_id}'s directory; "
+                           f"stop it first (stop_run('{run_id}', force=True)) or wait for it to end")
+        ok, broken = rd.usable_checkpoints()
+        damaged = "; ".join(f"{p.name}: {why}" for p, why in broken)
+        if not ok:
+            raise RunError(f"run {run_id} has no complete checkpoint to resume from"
+                           + (f" (damaged: {damaged})" if damaged else "") + "; start_training again")
         base = rec.run_id.split("-r")[0] if "-r" in rec.run_id[-4:] else rec.run_id
         n = 1 + sum(1 for r in self.registry.list(limit=10_000) if r.run_id.startswith(base + "-r"))
         new_id = f"{base}-r{n}"
         self.registry.add(new_id, rec.experiment, rec.tags, rec.run_dir, resumed_from=run_id,
                           group_id=rec.group_id, variant=rec.variant, resume=True, nprocs=rec.nprocs)
+        if damaged:
+            self.registry.update(new_id, message=f"queued; resumes from {ok[0].name}, skipping damaged {damaged}")
         self.tick()
         return self.get(new_id)
 
@@ -125,16 +165,17 @@ class RunManager:
         return self.get(run_id)
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of this process counts as dead
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return True
+def _signal(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid and pgid != os.getpgid(0):  # never our own group
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

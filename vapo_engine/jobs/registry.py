@@ -1,19 +1,33 @@
-"""The run registry: one SQLite database under runtime.log_dir, safe for several processes at once.
+"""The run registry: an index (SQLite, under runtime.log_dir) over the run directories, safe for several
+processes at once.
 
 WAL journal + busy timeout; every state change is a conditional UPDATE (from an allowed state only), so two
-servers or a server and a runner never overwrite each other's decisions. Torch-free.
+servers or a server and a runner never overwrite each other's decisions. The run directories are the source
+of truth: every record change is mirrored into `<run dir>/state.json`, and a missing or unreadable database is
+rebuilt from them (a damaged one is first moved aside). OS and SQLite failures become `StorageError`s that
+name the path and the fix. Torch-free.
 """
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from vapo_engine.errors import StorageError
+from vapo_engine.rundir import RUN_JSON, RunDir
+
+from .rebuild import records_from_run_dir
 from .states import ALLOWED, MESSAGES, State
 
+log = logging.getLogger("vapo_mcp.registry")
+DB_NAME = "runs.sqlite3"
+COLUMNS = ("run_id", "experiment", "tags", "run_dir", "state", "message", "created", "started", "finished",
+           "heartbeat", "pid", "exit_code", "resumed_from", "group_id", "variant", "resume", "nprocs")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, experiment TEXT NOT NULL, tags TEXT NOT NULL, run_dir TEXT NOT NULL,
@@ -51,34 +65,129 @@ class RunRecord:
         d.update(state=self.state.value, run_dir=str(self.run_dir), tags=list(self.tags))
         return d
 
+    def mirror(self) -> dict:
+        """What state.json keeps of this record (everything but the heartbeat)."""
+        d = self.public()
+        d.pop("heartbeat")
+        return d
+
 
 class Registry:
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.path = self.root / "runs.sqlite3"
-        with self._conn() as c:
-            c.executescript(SCHEMA)
+        self.path = self.root / DB_NAME
+        self._rebuilding = False
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create the runs folder {self.root} ({e.strerror or e}); set "
+                               "runtime.log_dir in settings.json to a writable folder") from None
+        self._ensure()
+
+    # --- connection, schema, rebuild --------------------------------------------------------------------------
+    def _ensure(self) -> None:
+        """Create the database when it is missing (rebuilding it from the run directories); move a damaged
+        one aside and rebuild."""
+        self._rebuilding = True
+        try:
+            if self.path.is_file() and self._usable():
+                return
+            for stale in (self.path.with_name(DB_NAME + "-wal"), self.path.with_name(DB_NAME + "-shm")):
+                if not self.path.exists() and stale.exists():  # a journal of a deleted database must not replay
+                    self._guard(stale.unlink)
+            with self._conn() as c:
+                c.executescript(SCHEMA)
+            self.rebuild()
+        finally:
+            self._rebuilding = False
+
+    def _usable(self) -> bool:
+        """True when the database answers; False when it lacks the table or was moved aside as damaged."""
+        try:
+            with self._raw() as c:
+                c.execute("SELECT COUNT(*) FROM runs").fetchone()
+            return True
+        except sqlite3.DatabaseError as e:
+            damaged = type(e) is sqlite3.DatabaseError or "malformed" in str(e) or "not a database" in str(e)
+            if "no such table" in str(e):
+                return False
+            if not damaged:
+                raise StorageError(f"the run registry {self.path} cannot be used ({e}); make it and its folder "
+                                   "writable (chmod u+w), or set runtime.log_dir in settings.json to a writable "
+                                   "folder") from None
+            aside = self.path.with_name(f"{DB_NAME}.damaged-{int(time.time())}")
+            log.warning("run registry %s is damaged (%s); moved to %s and rebuilt", self.path, e, aside)
+            self._guard(lambda: os.replace(self.path, aside))
+            return False
+
+    def rebuild(self) -> int:
+        """Index every run directory under the root that the database does not know yet; returns how many
+        records were added."""
+        added = 0
+        for meta in sorted(self.root.glob(f"*/*/{RUN_JSON}")):
+            for rec in records_from_run_dir(RunDir(meta.parent)):
+                with self._conn() as c:
+                    cur = c.execute(f"INSERT OR IGNORE INTO runs ({', '.join(COLUMNS)}) VALUES "
+                                    f"({','.join('?' * len(COLUMNS))})", [rec.get(k) for k in COLUMNS])
+                    added += cur.rowcount
+        if added:
+            log.warning("run registry %s: %d run record(s) rebuilt from the run directories", self.path, added)
+        return added
 
     @contextmanager
-    def _conn(self, immediate: bool = False):
+    def _raw(self):
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA busy_timeout=30000")
-            if immediate:
-                conn.execute("BEGIN IMMEDIATE")
             yield conn
-            if immediate:
-                conn.execute("COMMIT")
-        except BaseException:
-            if immediate and conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         finally:
             conn.close()
 
+    @contextmanager
+    def _conn(self, immediate: bool = False):
+        if not self.path.exists() and not self._rebuilding:
+            self._ensure()  # the file was deleted under us: recreate it and re-index the run directories
+        try:
+            with self._raw() as conn:
+                if immediate:
+                    conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    if immediate:
+                        conn.execute("COMMIT")
+                except BaseException:
+                    if immediate and conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as e:
+            raise StorageError(f"the run registry {self.path} cannot be used ({e}); make it and its folder "
+                               "writable (chmod u+w), or delete it — it is rebuilt from the run directories — "
+                               "or set runtime.log_dir in settings.json to a writable folder") from None
+        except OSError as e:
+            raise StorageError(f"cannot open the run registry {self.path} ({e.strerror or e}); make the folder "
+                               "writable or set runtime.log_dir in settings.json to a writable folder") from None
+
+    def _guard(self, fn) -> None:
+        try:
+            fn()
+        except OSError as e:
+            raise StorageError(f"cannot repair the run registry {self.path} ({e.strerror or e}); make the folder "
+                               "writable or set runtime.log_dir in settings.json to a writable folder") from None
+
+    def _mirror(self, run_id: str) -> None:
+        """Copy the record into its run directory's state.json (a failure there is logged, never fatal: the
+        database already holds the change)."""
+        rec = self.get(run_id)
+        if rec is None:
+            return
+        try:
+            RunDir(rec.run_dir).record_attempt(run_id, rec.mirror())
+        except (StorageError, OSError) as e:
+            log.warning("could not mirror run %s into %s: %s", run_id, rec.run_dir, e)
+
+    # --- records -----------------------------------------------------------------------------------------------
     def add(self, run_id: str, experiment: str, tags, run_dir: Path, *, resumed_from: str | None = None,
             group_id: str | None = None, variant: str | None = None, resume: bool = False,
             nprocs: int = 1) -> RunRecord:
@@ -87,6 +196,7 @@ class Registry:
                       " group_id, variant, resume, nprocs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                       (run_id, experiment, json.dumps(list(tags)), str(run_dir), State.QUEUED.value,
                        MESSAGES[State.QUEUED], time.time(), resumed_from, group_id, variant, int(resume), nprocs))
+        self._mirror(run_id)
         return self.get(run_id)
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -116,6 +226,8 @@ class Registry:
         q = f"UPDATE runs SET {sets} WHERE run_id = ? AND state IN ({','.join('?' * len(allowed_from))})"
         with self._conn() as c:
             cur = c.execute(q, [new.value, message or MESSAGES[new], *extra.values(), run_id, *allowed_from])
+        if cur.rowcount == 1:
+            self._mirror(run_id)
         return cur.rowcount == 1
 
     def update(self, run_id: str, **fields) -> None:
@@ -123,6 +235,8 @@ class Registry:
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self._conn() as c:
             c.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*fields.values(), run_id])
+        if set(fields) - {"heartbeat"}:
+            self._mirror(run_id)
 
     def claim_queued(self, max_concurrent: int) -> list[RunRecord]:
         """Atomically mark as many queued runs running as there are free slots; return them (oldest first)."""
@@ -135,6 +249,8 @@ class Registry:
             for r in rows:
                 c.execute("UPDATE runs SET state = ?, message = ?, started = ?, heartbeat = ? WHERE run_id = ?",
                           (State.RUNNING.value, "starting the worker", now, now, r["run_id"]))
+        for r in rows:
+            self._mirror(r["run_id"])
         return [self.get(r["run_id"]) for r in rows]
 
 

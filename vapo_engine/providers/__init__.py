@@ -34,7 +34,7 @@ from .errors import (
                         status_error,
 )
 from .netclass import classify_network_text, exception_text
-from .redaction import safe_text, scrub, truncate
+from .redaction import guard_logs, safe_text, scrub, scrub_model, scrub_obj, truncate
 from .retry import Decision, RetryPolicy, backoff, call_with_retry, decide
 from .urls import BaseURL, BaseURLError, is_loopback_host, normalize_base_url
 
@@ -44,7 +44,8 @@ __all__ = [
     "KeyFormatError", "ModelList", "NotFoundError", "PaymentRequiredError", "PermissionDeniedError",
     "ProviderClient", "ProviderError", "RateLimitError", "RequestTimeoutError", "RetryPolicy", "ServerError",
     "StreamError", "UnprocessableEntityError", "backoff", "call_with_retry", "classify_network_text", "decide",
-    "exception_text", "is_error_payload", "is_loopback_host", "is_model_not_found", "is_model_unavailable",
-    "is_quota_exhausted", "mentions_cooldown", "normalize_base_url", "parse_error_body", "rate_limit_headers",
-    "retry_after_seconds", "safe_error_text", "safe_text", "scrub", "status_error", "truncate",
+    "exception_text", "guard_logs", "is_error_payload", "is_loopback_host", "is_model_not_found",
+    "is_model_unavailable", "is_quota_exhausted", "mentions_cooldown", "normalize_base_url", "parse_error_body",
+    "rate_limit_headers", "retry_after_seconds", "safe_error_text", "safe_text", "scrub", "scrub_model",
+    "scrub_obj", "status_error", "truncate",
 ]

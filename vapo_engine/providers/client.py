@@ -6,6 +6,10 @@ turn every failure into a typed error (`errors.py`), and retry by the table in `
 error body is an error too. `chat_with_fallback` switches to `models.fallback` when the reasoning model is
 unavailable (404 model-not-found, 5xx or 429 after retries) and the answer says which model answered.
 
+Everything the server sends is untrusted text: headers, JSON bodies (model ids, answers, usage) and SSE
+chunks are scrubbed of the key (`redaction.py`) before they leave this module, and the key is guarded in the
+HTTP libraries' log records (`guard_logs`), so a server or proxy that echoes the key cannot leak it.
+
 Deliberately not here: tools-level verdicts (tools/channel.py), diagnosis (vapo_engine/diagnostics).
 Environment proxies are honoured except for loopback base URLs (a proxy never serves 127.0.0.1).
 """
@@ -36,7 +40,7 @@ from .errors import (
     status_error,
 )
 from .netclass import classify_network_text, exception_text
-from .redaction import safe_text, scrub
+from .redaction import guard_logs, safe_text, scrub, scrub_obj
 from .retry import RetryPolicy, call_with_retry
 from .sse import read_stream
 from .urls import BaseURL, normalize_base_url
@@ -102,6 +106,8 @@ class ProviderClient:
                  transport: httpx.AsyncBaseTransport | None = None):
         self.base = base_url if isinstance(base_url, BaseURL) else normalize_base_url(base_url)
         self._key = key
+        if key is not None:
+            guard_logs(key)
         self._headers = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
         self.timeout = float(timeout)
         self.policy = policy or RetryPolicy(max_retries=max_retries)
@@ -209,12 +215,13 @@ class ProviderClient:
                    if isinstance(m, dict) and m.get("id")] if isinstance(data, dict) else []
             return ModelList(ids=ids, status=resp.status_code, latency_s=time.perf_counter() - t0,
                              attempts=calls, auth_sent=auth and self._key is not None,
-                             rate_limit_headers=rate_limit_headers(resp.headers))
+                             rate_limit_headers=rate_limit_headers(resp.headers, secrets=self._secrets))
 
         policy = self.policy if retry else RetryPolicy(max_retries=0)
         return await call_with_retry(once, policy, what=f"GET {scrub(url)}")
 
     async def _json(self, resp: httpx.Response, url: str, model: str | None = None) -> Any:
+        """The JSON body, every string in it scrubbed of the key; an error body or non-JSON raises."""
         raw = await resp.aread()
         text = raw.decode("utf-8", "replace")
         kw = {"url": scrub(url), "model": model, "secrets": self._secrets, "headers": resp.headers, "body": text}
@@ -227,7 +234,7 @@ class ProviderClient:
             info = parse_error_body(data, self._secrets)
             raise BadResponseError(f"HTTP {resp.status_code} with an error body: {info.short() if info else ''}",
                                    info=info, **kw)
-        return data
+        return scrub_obj(data, self._secrets)
 
     async def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str, stream: bool = False,
                    temperature: float | None = None, max_tokens: int | None = None,
@@ -263,11 +270,11 @@ class ProviderClient:
                                   finish_reason=st.finish_reason, choices=1 if st.choices_seen else 0,
                                   usage=st.usage, status=resp.status_code, latency_s=time.perf_counter() - t0,
                                   ttft_s=(st.first_token_at - t0) if st.first_token_at else None, streamed=True,
-                                  rate_limit_headers=rate_limit_headers(resp.headers))
+                                  rate_limit_headers=rate_limit_headers(resp.headers, secrets=self._secrets))
             data = await self._json(resp, url, model)
         finally:
             await resp.aclose()
-        return _result_from_json(data, model, resp, time.perf_counter() - t0)
+        return _result_from_json(data, model, resp, time.perf_counter() - t0, self._secrets)
 
     async def chat_with_fallback(self, messages: Sequence[Mapping[str, Any]], *, model: str,
                                  fallback: str | None, **kw: Any) -> ChatResult:
@@ -305,7 +312,8 @@ def _content(message: Mapping[str, Any]) -> str:
     return str(content)[:MAX_ANSWER]
 
 
-def _result_from_json(data: Any, model: str, resp: httpx.Response, latency: float) -> ChatResult:
+def _result_from_json(data: Any, model: str, resp: httpx.Response, latency: float, secrets=()) -> ChatResult:
+    """A completion body (already scrubbed by `_json`) as a `ChatResult`."""
     choices = data.get("choices") if isinstance(data, dict) else None
     choices = choices if isinstance(choices, list) else []
     first = choices[0] if choices and isinstance(choices[0], dict) else {}
@@ -316,7 +324,7 @@ def _result_from_json(data: Any, model: str, resp: httpx.Response, latency: floa
                       content=content, reasoning=reasoning, finish_reason=first.get("finish_reason"),
                       choices=len(choices), usage=data.get("usage") if isinstance(data.get("usage"), dict)
                       else None, status=resp.status_code, latency_s=latency, streamed=False,
-                      rate_limit_headers=rate_limit_headers(resp.headers))
+                      rate_limit_headers=rate_limit_headers(resp.headers, secrets=secrets))
 
 
 def safe_error_text(exc: BaseException, key: Secret | None = None, limit: int = 500) -> str:

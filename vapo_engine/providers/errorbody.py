@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from vapo_engine.config import Secret
 
-from .redaction import safe_text
+from .redaction import safe_text, scrub
 
 MAX_MESSAGE = 600
 RATE_LIMIT_HEADER = re.compile(r"^(x-ratelimit-.*|ratelimit.*|retry-after(-ms)?|x-request-id|request-id|"
@@ -174,12 +174,14 @@ def mentions_cooldown(info: ErrorInfo | None, text: str = "") -> bool:
     return bool(_COOLDOWN.search(" ".join(filter(None, [info.message if info else "", text]))))
 
 
-def rate_limit_headers(headers: Mapping[str, str] | None, limit: int = 20) -> dict[str, str]:
-    """The rate-limit / retry / request-id headers of a response (lower-case names, bounded)."""
+def rate_limit_headers(headers: Mapping[str, str] | None, limit: int = 20,
+                       secrets: Iterable[Secret | str | None] = ()) -> dict[str, str]:
+    """The rate-limit / retry / request-id headers of a response (lower-case names, bounded); names and
+    values are server-controlled, so both are scrubbed of `secrets` and credential-shaped text."""
     out: dict[str, str] = {}
     for k, v in (headers or {}).items():
         if RATE_LIMIT_HEADER.match(k) and len(out) < limit:
-            out[k.lower()] = str(v)[:200]
+            out[scrub(k.lower(), secrets)[:200]] = scrub(v, secrets)[:200]
     return out
 
 

@@ -13,8 +13,8 @@ Hierarchy (the retry table in `retry.py` reads `kind` and `status`):
     │   └── StreamError         kind stream_broken (retryable) | stream_error (error event in the stream)
     └── KeyFormatError          the key cannot be sent (newline, surrounding spaces, non-ASCII)
 
-Every message is built from scrubbed, bounded pieces, so `str(e)`, `repr(e)` and `e.summary()` are safe to
-log and return.
+Every message is built from scrubbed, bounded pieces (the body, the kept headers and the message are scrubbed
+of the key the client sent), so `str(e)`, `repr(e)` and `e.summary()` are safe to log and return.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class ProviderError(Exception):
         self.status = status
         self.body = safe_text(body, MAX_BODY, secrets) if body else None
         self.info = info
-        self.headers = rate_limit_headers(headers)
+        self.headers = rate_limit_headers(headers, secrets=secrets)
         self.url = url
         self.model = model
         self.attempts = 1

@@ -1,57 +1,168 @@
-"""Scrub secrets out of any text before it reaches a result, an exception message or a log record.
+"""Scrub secrets out of any text before it reaches a result, an exception message, a file or a log record.
 
-Two layers: the exact secrets the caller knows (the channel key) are replaced by their `redact()` form, and
-anything shaped like a credential (`Bearer …`, `sk-…`, `hf_…`, `AIza…`, `user:pass@` in proxy URLs) is
-redacted too, so a server that echoes the key, or a traceback that holds one, cannot leak it.
+Two layers:
+- **Known secrets** (the channel key) are replaced by their `redact()` form wherever they show up, in the
+  forms a server or a proxy realistically echoes: as is, stripped, URL-encoded, JSON-escaped, base64 (at any
+  alignment, as inside a `Basic` auth header), upper- or lower-cased. Partial echoes count too: any run of
+  `WINDOW` or more consecutive characters of a key of `MIN_WINDOWED`+ characters is redacted, so a server that
+  prints "the first 20 characters of your key" leaks nothing. Shorter secrets are replaced when whole.
+- **Credential-shaped text** with no known value: `Bearer …`, well-known prefixes (`sk-…`, `hf_…`, `AIza…`),
+  `name: value` / `name=value` pairs whose name says credential (`"api_key": "…"`, `x-api-key: …`, `?key=…`,
+  `Authorization: Basic …`, `API key provided: …`) and URL credentials (`user:pass@`).
+
+`guard_logs` puts the same scrubbing on the records of the HTTP libraries (httpx/httpcore log response
+headers at DEBUG, reason phrases at INFO) and of this package, for every key a client was built with.
 """
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any, TypeVar
+from urllib.parse import quote, quote_plus
+
+from pydantic import BaseModel
 
 from vapo_engine.config import Secret, redact
+from vapo_engine.config.secrets import KNOWN_PREFIX, redact_tokens, strip_url_credentials
 
+WINDOW = 8
+"""Shortest run of a known key's characters that counts as an echo of it."""
+MIN_WINDOWED = 16
+"""Keys at least this long are matched by windows; shorter ones only when whole."""
+
+_CREDENTIAL_NAMES = (r"(?:x-)?(?:api[ _-]?key|api[_-]?token|apikey)(?:\s+provided)?|"
+                     r"access[_-]?(?:key|token)(?:[_-]?id)?|secret(?:[_-]?(?:access[_-]?)?key)?|private[_-]?key|"
+                     r"client[_-]?secret|key|password|passwd|pwd|(?:auth|refresh|id|session|bearer)[_-]?token|"
+                     r"token|authorization|credentials?")
+_VALUE = r"(?=[A-Za-z0-9_\-.~+/%=]*\d)[A-Za-z0-9_\-.~+/%=]{8,}"
+"""A credential value: 8+ characters, at least one digit (so `os.environ` or `required` stay readable)."""
 _PATTERNS = (
     re.compile(r"(?i)(bearer\s+)([^\s\"',;}]{6,})"),
-    re.compile(r"(?<![A-Za-z0-9])((?:sk|gsk|xai|pk|rk|ak)[-_](?:[A-Za-z0-9]+[-_])*[A-Za-z0-9]{12,})"),
-    re.compile(r"(?<![A-Za-z0-9])(hf_[A-Za-z0-9]{20,})"),
-    re.compile(r"(?<![A-Za-z0-9])(AIza[0-9A-Za-z_\-]{30,})"),
-    re.compile(r"(?i)((?:api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)([A-Za-z0-9_\-.]{20,})"),
+    KNOWN_PREFIX,
+    re.compile(rf"(?i)((?<![A-Za-z0-9_])(?:{_CREDENTIAL_NAMES})(?![A-Za-z0-9_])[\"']?\s*[:=]\s*[\"']?"
+               rf"(?:(?:basic|bearer|token|apikey|key)\s+)?)({_VALUE})"),
 )
-_URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/@\s:]+):([^/@\s]+)@")
+S = TypeVar("S", bound=BaseModel)
 
 
-def _secret_values(secrets: Iterable[Secret | str | None]) -> list[str]:
-    out = []
+def _values(secrets: Iterable[Secret | str | None]) -> tuple[str, ...]:
+    out = set()
     for s in secrets:
         value = s.reveal() if isinstance(s, Secret) else s
         if value and len(value) >= 4:
-            out.append(value)
-            if value.strip() != value and len(value.strip()) >= 4:
-                out.append(value.strip())
-    return sorted(set(out), key=len, reverse=True)
+            out.add(value)
+            if len(value.strip()) >= 4:
+                out.add(value.strip())
+    return tuple(sorted(out, key=lambda v: (-len(v), v)))
+
+
+@lru_cache(maxsize=64)
+def _variants(value: str) -> tuple[str, ...]:
+    """The encodings of `value` a server or proxy may echo (base64 trimmed to the characters that depend on
+    the key alone, whatever precedes it)."""
+    forms = {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]}
+    raw = value.encode("utf-8", "replace")
+    for offset in range(3):
+        b64 = base64.b64encode(b"\0" * offset + raw).decode("ascii")
+        core = b64[4 if offset else 0:-4]
+        forms.update({core, core.replace("+", "-").replace("/", "_")})
+    return tuple(f for f in forms if len(f) >= WINDOW)
+
+
+@lru_cache(maxsize=64)
+def _window_table(values: tuple[str, ...]) -> dict[str, str]:
+    """Every lower-cased `WINDOW`-gram of every variant of the long secrets → the secret it belongs to."""
+    table: dict[str, str] = {}
+    for value in values:
+        if len(value) < MIN_WINDOWED:
+            continue
+        for form in _variants(value):
+            low = form.lower()
+            for i in range(len(low) - WINDOW + 1):
+                table.setdefault(low[i:i + WINDOW], value)
+    return table
+
+
+def _lower(text: str) -> str:
+    """`text.lower()` with the same length (a few non-ASCII letters lower-case to two characters)."""
+    return text.lower() if text.isascii() else "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
+
+
+def _mask_windows(text: str, table: dict[str, str]) -> str:
+    if not table or len(text) < WINDOW:
+        return text
+    low, spans = _lower(text), []
+    for i in range(len(low) - WINDOW + 1):
+        value = table.get(low[i:i + WINDOW])
+        if value is None:
+            continue
+        if spans and i <= spans[-1][1]:
+            spans[-1][1] = i + WINDOW
+        else:
+            spans.append([i, i + WINDOW, value])
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end, value in spans:
+        out += [text[last:start], redact(value)]
+        last = end
+    return "".join(out) + text[last:]
+
+
+def _mask_known(text: str, values: tuple[str, ...]) -> str:
+    text = _mask_windows(text, _window_table(values))
+    for value in values:
+        if len(value) < MIN_WINDOWED and value in text:
+            text = text.replace(value, redact(value))
+    return text
 
 
 def scrub(text: object, secrets: Iterable[Secret | str | None] = ()) -> str:
-    """`text` with known secrets and credential-shaped substrings redacted."""
+    """`text` with known secrets (and their echoes) and credential-shaped substrings redacted."""
     out = "" if text is None else str(text)
-    for value in _secret_values(secrets):
-        out = out.replace(value, redact(value))
+    out = _mask_known(out, _values(secrets))
     for pat in _PATTERNS:
         out = pat.sub(_replace, out)
-    return _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", out)
+    return strip_url_credentials(out)
 
 
 def _replace(m: re.Match) -> str:
     if m.lastindex == 2:
         secret = m.group(2)
         return m.group(1) + (secret if _already_redacted(secret) else redact(secret))
-    secret = m.group(1)
+    secret = m.group(0)
     return secret if _already_redacted(secret) else redact(secret)
 
 
 def _already_redacted(value: str) -> bool:
     return "…" in value or "***" in value
+
+
+def scrub_obj(obj: Any, secrets: Iterable[Secret | str | None] = ()) -> Any:
+    """Parsed JSON (or any nest of dicts, lists and scalars) with every string — keys included — scrubbed."""
+    return _scrub_tree(obj, _values(secrets), 0)
+
+
+def _scrub_tree(obj: Any, values: tuple[str, ...], depth: int) -> Any:
+    if isinstance(obj, str):
+        return scrub(obj, values)
+    if depth > 40:
+        return None
+    if isinstance(obj, Mapping):
+        return {scrub(k, values): _scrub_tree(v, values, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_scrub_tree(v, values, depth + 1) for v in obj]
+    return obj
+
+
+def scrub_model(model: S, secrets: Iterable[Secret | str | None] = ()) -> S:
+    """A pydantic result with every string field scrubbed (the last check before it leaves a tool)."""
+    return type(model).model_validate(scrub_obj(model.model_dump(mode="json"), secrets))
 
 
 def truncate(text: str | None, limit: int) -> str:
@@ -66,3 +177,49 @@ def truncate(text: str | None, limit: int) -> str:
 def safe_text(text: object, limit: int, secrets: Iterable[Secret | str | None] = ()) -> str:
     """Scrubbed, then truncated (scrub first: truncation could cut a key so the patterns miss it)."""
     return truncate(scrub(text, secrets), limit)
+
+
+# --- log records ------------------------------------------------------------------------------------------
+
+GUARDED_LOGGERS = ("httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
+                   "httpcore.proxy", "httpcore.socks", "vapo_engine.providers", "tools.channel", "tools.smoke")
+"""Loggers whose records may carry server-controlled text (a filter only sees its own logger's records)."""
+_guarded: tuple[str, ...] = ()
+_guard_lock = threading.Lock()
+
+
+class _ScrubFilter(logging.Filter):
+    """Rewrites a record's message (and formatted traceback) with every guarded key redacted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values = _guarded
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the logging module's business
+            return True
+        clean = scrub(msg, values)
+        if clean != msg:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), values)
+        return True
+
+
+_FILTER = _ScrubFilter()
+
+
+def guard_logs(secret: Secret | str | None) -> None:
+    """From now on, redact `secret` from every record of `GUARDED_LOGGERS` (idempotent, thread-safe)."""
+    global _guarded
+    with _guard_lock:
+        _guarded = _values((*_guarded, secret))
+        for name in GUARDED_LOGGERS:
+            logger = logging.getLogger(name)
+            if _FILTER not in logger.filters:
+                logger.addFilter(_FILTER)
+
+
+def public_message(exc: BaseException) -> str:
+    """The text of a user error (vapo_engine.errors) as every front-end shows it: scrubbed of anything
+    credential-shaped, since a message may quote the caller's input (an override, a tag, a header)."""
+    return redact_tokens(scrub(str(exc)))

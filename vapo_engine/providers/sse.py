@@ -4,6 +4,10 @@ A stream is complete when `data: [DONE]` arrives (or, leniently, when a chunk ca
 the connection then closed cleanly). A dropped connection, a stream that stops without either, or a chunk that
 is not JSON raises `StreamError(kind="stream_broken")` (retried as a whole request); an `error` object inside
 the stream raises `StreamError(kind="stream_error")` (not retried).
+
+Everything in a stream is server-controlled: the model id, usage and finish reason are scrubbed of the key per
+chunk; the answer and reasoning text are scrubbed once joined (a key split across two chunks is still found),
+and each delta is scrubbed before it reaches `on_delta`.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import httpx
 
 from .errorbody import parse_error_body
 from .errors import StreamError
-from .redaction import scrub
+from .redaction import scrub, scrub_obj
 
 MAX_CONTENT = 200_000
 
@@ -36,6 +40,11 @@ class StreamState:
 
     def text(self) -> str:
         return "".join(self.content)[:MAX_CONTENT]
+
+    def seal(self, secrets) -> None:
+        """Join and scrub the answer and the reasoning (call once, when the stream is complete)."""
+        self.content = [scrub("".join(self.content), secrets)]
+        self.reasoning = [scrub("".join(self.reasoning), secrets)]
 
 
 async def read_stream(resp: httpx.Response, *, secrets=(), url: str | None = None, model: str | None = None,
@@ -64,6 +73,7 @@ async def read_stream(resp: httpx.Response, *, secrets=(), url: str | None = Non
     if not st.done and st.finish_reason is None:
         raise StreamError(f"the stream ended after {st.chunks} chunk(s) without [DONE] or a finish_reason",
                           partial=st.text(), **kw)
+    st.seal(secrets)
     return st
 
 
@@ -83,22 +93,24 @@ def _dispatch(data: str, st: StreamState, kw: dict, on_delta) -> None:
                           kind="stream_error", info=info, partial=st.text(), **kw)
     if not isinstance(chunk, dict):
         return
-    st.model = chunk.get("model") or st.model
+    secrets = kw["secrets"]
+    st.model = scrub(chunk["model"], secrets) if chunk.get("model") else st.model
     if chunk.get("usage"):
-        st.usage = chunk["usage"]
+        st.usage = scrub_obj(chunk["usage"], secrets)
     for choice in chunk.get("choices") or []:
         st.choices_seen = True
         if choice.get("index", 0) != 0:
             continue
         delta = choice.get("delta") or choice.get("message") or {}
-        piece = delta.get("content") or ""
-        thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        piece = str(delta.get("content") or "")
+        thought = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
         if (piece or thought) and st.first_token_at is None:
             st.first_token_at = time.perf_counter()
         if piece:
             st.content.append(piece)
             if on_delta:
-                on_delta(piece)
+                on_delta(scrub(piece, secrets))
         if thought:
             st.reasoning.append(thought)
-        st.finish_reason = choice.get("finish_reason") or st.finish_reason
+        reason = choice.get("finish_reason")
+        st.finish_reason = scrub(reason, secrets) if reason else st.finish_reason

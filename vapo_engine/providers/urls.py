@@ -21,6 +21,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from vapo_engine.config.secrets import strip_url_credentials
+from vapo_engine.errors import UserError
+
 ENDPOINTS = ("/chat/completions", "/completions", "/models", "/embeddings", "/responses")
 _VERSION = re.compile(r"/v\d+(?:alpha\d*|beta\d*)?$", re.IGNORECASE)
 _DOUBLE_VERSION = re.compile(r"(/v\d+(?:alpha\d*|beta\d*)?)\1$", re.IGNORECASE)
@@ -38,11 +41,13 @@ KIND_TEXT = {
 }
 
 
-class BaseURLError(ValueError):
-    """The base URL cannot be used (no scheme, unsupported scheme, no host). `fix` says what to write."""
+class BaseURLError(UserError):
+    """The base URL cannot be used (no scheme, unsupported scheme, no host). `fix` says what to write.
+    The message and the fix quote the URL without its `user:pass@` credentials (`raw` keeps them)."""
 
     def __init__(self, raw: str, kind: str, message: str, fix: str):
-        super().__init__(f"base URL {raw!r}: {message}. Fix: {fix}")
+        fix = strip_url_credentials(fix)
+        super().__init__(f"base URL {strip_url_credentials(raw)!r}: {message}. Fix: {fix}")
         self.raw, self.kind, self.message, self.fix = raw, kind, message, fix
 
 

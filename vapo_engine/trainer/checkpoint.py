@@ -1,59 +1,77 @@
-"""Checkpoints that cannot lie: HF-format weights (safetensors) + trainer state, written to a temporary
-folder, marked DONE last, then renamed into `checkpoints/step-NNNNNNN/`. A folder without DONE is ignored.
+"""Checkpoints that cannot lie and cannot run code: HF-format weights (safetensors) + trainer state
+(safetensors + JSON, see state_io), written to a temporary folder, the DONE manifest last (sizes and
+checksums of every file, `vapo_engine.rundir.write_manifest`), then renamed into `checkpoints/step-NNNNNNN/`.
 
+Resume takes the newest checkpoint that verifies *and* loads; a damaged one (missing or truncated file, DONE
+present) is named and skipped, and the previous complete one is used. Keeps the newest `keep` checkpoints.
 Trainer state = optimizers, schedulers, RNG streams (torch, CUDA, the task/replay `random.Random`), replay
-buffer, counters. Resume loads the newest complete checkpoint. Keeps the newest `keep` checkpoints.
+buffer, counters.
 """
 from __future__ import annotations
 
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-DONE = "DONE"
+from vapo_engine.errors import UserError
+from vapo_engine.rundir import RunDir, write_manifest
+
+from .state_io import load_state, save_state
 
 
-def _ckpt_root(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    root = _ckpt_root(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step-*") if (p / DONE).is_file())
+class NoUsableCheckpoint(UserError):
+    """Every checkpoint of the run is damaged (or there is none); the message names each and why."""
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = complete_checkpoints(run_dir)
-    return done[-1] if done else None
+    ok, _ = RunDir(run_dir).usable_checkpoints()
+    return ok[0] if ok else None
 
 
 def save_checkpoint(run_dir: Path, step: int, models, trainer_state: dict, keep: int = 2) -> Path:
-    root = _ckpt_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:07d}"
-    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    rd = RunDir(run_dir)
+    rd.checkpoints.mkdir(parents=True, exist_ok=True)
+    final = rd.checkpoint(step)
+    tmp = rd.checkpoints / f".tmp-step-{step:07d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     models.policy.save_pretrained(tmp / "policy", safe_serialization=True)
     models.tokenizer.save_pretrained(tmp / "policy")
     if models.value is not None:
         models.value.save_pretrained(tmp / "value", safe_serialization=True)
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    (tmp / DONE).write_text(str(step))
+    save_state(trainer_state, tmp)
+    write_manifest(tmp, step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in complete_checkpoints(run_dir)[:-keep]:
+    ok, _ = rd.usable_checkpoints()
+    for old in ok[keep:]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_trainer_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
+def load_newest(run_dir: Path, load: Callable[[Path, dict], object], log=print):
+    """Call `load(checkpoint, trainer_state)` on the newest checkpoint that verifies and loads, falling back
+    to older ones; returns (checkpoint, load's result). Raises `NoUsableCheckpoint` naming every damaged one."""
+    ok, broken = RunDir(run_dir).usable_checkpoints()
+    skipped = [f"{p.name} ({why})" for p, why in broken]
+    for ckpt in ok:
+        try:
+            result = load(ckpt, load_state(ckpt))
+        except Exception as e:  # noqa: BLE001 - any failure to load makes this checkpoint unusable; say why
+            skipped.append(f"{ckpt.name} (cannot be loaded: {type(e).__name__}: {str(e)[:200]})")
+            continue
+        if skipped:
+            log(f"skipped damaged checkpoint(s): {'; '.join(skipped)}; resumed from {ckpt.name} instead")
+        return ckpt, result
+    if not skipped:
+        raise NoUsableCheckpoint(f"run directory {run_dir} has no complete checkpoint to resume from; "
+                                 "start the run again (start_training / vapo-mcp train)")
+    raise NoUsableCheckpoint(f"no usable checkpoint in {run_dir}: {'; '.join(skipped)}; start the run again "
+                             "(start_training / vapo-mcp train), or restore the damaged files")
 
 
 def rng_state(rng: random.Random) -> dict:
@@ -67,4 +85,4 @@ def restore_rng(state: dict, rng: random.Random) -> None:
     rng.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all(list(state["cuda"]))

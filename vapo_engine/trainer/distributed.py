@@ -6,9 +6,15 @@ explained-variance statistics, logged metrics. Gradients are synchronised once p
 SUM all-reduce (the losses are already divided by the global counts, so the sum is the full-batch
 gradient — what DDP computes), or the models are sharded with FSDP2 `fully_shard`. A single process gets
 the null versions of all of this. Only rank 0 writes metrics, state and checkpoints.
+
+Tensor collectives only: object collectives (`broadcast_object_list`, `all_gather_object`, …) unpickle what a
+peer sends, so a process that joined the group could run code here (SPEC §7). Structured data crosses ranks
+as JSON bytes in a uint8 tensor (`broadcast_json`); name lists are compared by digest (`agree`).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -48,9 +54,7 @@ class World:
             return metrics
         keys = sorted(metrics)
         local = torch.tensor([[metrics[k], 1.0] for k in keys], dtype=torch.float64)
-        names = [None] * self.world_size
-        dist.all_gather_object(names, keys)
-        if any(n != keys for n in names):  # ranks disagree on names: fall back to local values
+        if not self.agree(keys):  # ranks disagree on names: fall back to local values
             return metrics
         dist.all_reduce(local, op=dist.ReduceOp.SUM)
         out = {k: float(s if how == "sum" else s / max(c, 1.0)) for k, (s, c) in zip(keys, local.tolist())}
@@ -87,12 +91,30 @@ class World:
         if self.enabled:
             dist.barrier()
 
-    def broadcast_object(self, obj):
+    def agree(self, names: list[str]) -> bool:
+        """Whether every rank holds the same list of names (a digest compared with MIN/MAX all-reduces)."""
+        if not self.enabled:
+            return True
+        digest = hashlib.sha256("\x00".join(names).encode()).digest()[:7]
+        lo = torch.tensor([int.from_bytes(digest, "big")], dtype=torch.int64)
+        hi = lo.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        return bool(lo == hi)
+
+    def broadcast_json(self, obj):
+        """Rank 0's JSON-serialisable `obj` on every rank, sent as a byte tensor and parsed with `json`:
+        tensor collectives only, so a peer can never make this process unpickle (run) anything."""
         if not self.enabled:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        data = json.dumps(obj).encode() if self.is_main else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        buf = torch.zeros(int(size), dtype=torch.uint8)
+        if self.is_main:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buf, src=0)
+        return json.loads(bytes(buf.tolist()).decode())
 
 
 def init_world(backend: str = "auto", device_pref: str = "auto") -> World:

@@ -12,17 +12,18 @@ import time
 from pathlib import Path
 
 from vapo_engine.metrics import CATALOGUE
+from vapo_engine.rundir import METRICS, TB, RunDir
 
 
 class MetricsLogger:
     def __init__(self, run_dir: Path, tensorboard: bool = True):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).file(METRICS)
         self._f = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+                self._tb = SummaryWriter(str(RunDir(run_dir).file(TB)))
             except ImportError:  # tensorboard is optional at run time
                 self._tb = None
 

@@ -21,7 +21,7 @@ import torch
 
 from vapo_engine.algo import ev_from_stats, ev_stats, masked_mean
 from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
-from vapo_engine.runs import write_json_atomic
+from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from .advantages import add_advantages, monte_carlo_returns
 from .checkpoint import save_checkpoint
@@ -59,7 +59,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
         _save(tr)
         summary = _summary(tr, status, final, time.time() - t0)
         if tr.world.is_main:
-            write_json_atomic(run_dir / "summary.json", summary)
+            RunDir(run_dir).write_json(SUMMARY_JSON, summary)
         return summary
     finally:
         tr.logger.close()
@@ -181,7 +181,7 @@ def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
                      temperature=c.model.temperature, top_p=c.model.top_p,
                      seed=tr.info.seed + 7919 * tr.step)
         on_record(tr.logger.log(tr.step, "eval", m))
-    m = tr.world.broadcast_object(m)
+    m = tr.world.broadcast_json(m)
     tr.history["last_eval"] = m
     return m
 

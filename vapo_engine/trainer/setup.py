@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from vapo_engine.config import TrainConfig
+from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.tasks import get_task
 
-from .checkpoint import latest_checkpoint, load_trainer_state, restore_rng
+from .checkpoint import load_newest, restore_rng
 from .distributed import World, init_world
 from .logger import MetricsLogger, NullLogger
 from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
@@ -74,14 +75,33 @@ def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
 
 
 def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, log=print) -> Trainer:
-    """Everything for `run_dir`; with `resume`, weights and state come from the newest complete checkpoint."""
+    """Everything for `run_dir`; with `resume`, weights and state come from the newest checkpoint that
+    verifies and loads (damaged ones are named and skipped, see checkpoint.load_newest)."""
     info, cfg = load_run(run_dir)
     world = init_world(cfg.distributed.backend, cfg.training.device)
     torch.manual_seed(info.seed + 1_000_003 * world.rank)
-    base = resolve_model_path(cfg.model.local_path, log=log) if world.is_main else None
-    base = Path(world.broadcast_object(str(base)))  # rank 0 builds the tiny model once; others wait here
-    ckpt = latest_checkpoint(run_dir) if resume else None
+    base = _base_model(cfg, world, log)
     device = pick_device(cfg.training.device, world.local_rank)
+    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, world), world))
+    tr = None
+    if resume and RunDir(run_dir).checkpoint_dirs():
+        ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st), log=log)
+        log(f"resumed from {ckpt.name} (policy step {tr.step})")
+    tr = tr or make(None)
+    tr.logger = MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger()
+    return tr
+
+
+def _base_model(cfg: TrainConfig, world: World, log) -> Path:
+    """The initial weights; rank 0 builds the built-in tiny model once while the others wait, then every
+    rank resolves the (now cached) path itself — nothing but tensors crosses ranks."""
+    if world.is_main:
+        base = resolve_model_path(cfg.model.local_path, log=log)
+    world.barrier()
+    return base if world.is_main else resolve_model_path(cfg.model.local_path, log=lambda m: None)
+
+
+def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: World) -> Models:
     need_value = cfg.training.algorithm != "grpo"
     value_src = (ckpt / "value") if ckpt else (cfg.model.value_path or base)
     models = load_models(ckpt / "policy" if ckpt else base, value_path=value_src, need_value=need_value,
@@ -89,24 +109,23 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
                          autocast_dtype=pick_autocast(cfg.model.dtype, device))
     for m in (models.policy, models.value):
         world.broadcast_parameters(m)
+    return models
+
+
+def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World) -> Trainer:
     t = cfg.training
     opt_a = torch.optim.AdamW(models.policy.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     opt_c = torch.optim.AdamW(models.value.parameters(), lr=cfg.vapo.value_learning_rate,
-                              weight_decay=t.weight_decay) if need_value else None
+                              weight_decay=t.weight_decay) if models.value is not None else None
     data_dir = Path(cfg.data.data_dir)
-    tr = Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
-                 _warmup_constant(opt_c, t.warmup_steps) if opt_c else None,
-                 get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir),
-                 ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
-                 MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger(), update_spec(cfg, world),
-                 world, random.Random(info.seed + 7 + world.rank))
-    if ckpt is not None:
-        _restore(tr, load_trainer_state(ckpt))
-        log(f"resumed from {ckpt.name} (policy step {tr.step})")
-    return tr
+    return Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
+                   _warmup_constant(opt_c, t.warmup_steps) if opt_c else None,
+                   get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir),
+                   ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
+                   NullLogger(), update_spec(cfg, world), world, random.Random(info.seed + 7 + world.rank))
 
 
-def _restore(tr: Trainer, st: dict) -> None:
+def _restore(tr: Trainer, st: dict) -> Trainer:
     tr.step, tr.pretrain_step, tr.rollout_step = st["step"], st["pretrain_step"], st["rollout_step"]
     tr.opt_actor.load_state_dict(st["opt_actor"])
     tr.sched_actor.load_state_dict(st["sched_actor"])
@@ -121,3 +140,4 @@ def _restore(tr: Trainer, st: dict) -> None:
     else:  # other ranks (or another world size): fresh, reproducible streams for this rank and step
         torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)
         tr.replay_rng.seed(tr.info.seed + 7 + tr.world.rank + 7919 * tr.step)
+    return tr

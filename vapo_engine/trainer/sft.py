@@ -78,14 +78,18 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
                    target_greedy: tuple[float, float] = (0.55, 0.75), eval_every: int = 25,
                    val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
                    max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
-                   bf16: bool = True, log: Callable[[str], None] = print) -> dict:
+                   bf16: bool | None = None, log: Callable[[str], None] = print) -> dict:
     """Train until the greedy validation accuracy reaches `target_greedy[0]` (or `max_steps`); return metrics.
 
     Validation problems are a fixed draw from the *training* distribution (seeded), so the held-out split
     stays untouched for RL evaluation. Landing above `target_greedy[1]` is reported (`in_band=False`), not
     undone: pick `eval_every` small enough for the band. `bf16` runs the forward pass under bfloat16
-    autocast (weights and optimizer stay float32), ~1.4x faster on these CPUs.
+    autocast (weights and optimizer stay float32): ~1.4x faster on CPUs with bf16 instructions (AVX512-BF16,
+    AMX), but ~100x slower on AVX2-only CPUs, so the default (None) measures which is faster here.
     """
+    if bf16 is None:
+        from .precision import bf16_matmul_is_fast
+        bf16 = model.device.type == "cuda" or bf16_matmul_is_fast()
     rng = random.Random(seed)
     torch.manual_seed(seed)
     val = task.train_batch(val_size, random.Random(seed + 1_000_003))

@@ -1,0 +1,106 @@
+"""Two training runs at once on the same cores: torch's default threads vs the run manager's thread budget.
+
+Three scenarios, each an ordinary cpu-demo worker process (`python -m vapo_engine.trainer RUN_DIR`) on the
+built-in tiny model:
+  alone      one run with the worker environment the run manager gives it (`jobs.threads.worker_env`)
+  two-naive  two runs at once, each with torch's defaults (a thread per core, OpenMP's spinning wait)
+  two-sized  two runs at once with `worker_env(concurrent=2)`: cores // 2 threads each, passive waiting
+Reported: mean policy-step time per run (first step excluded), wall time, and the ratios to `alone`,
+measured in one invocation. Not a test: nothing here asserts.
+
+    .venv/bin/python bench/concurrency.py [--steps 30] [--smoke] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import (
+    PRESET,
+    REPO,
+    SMOKE_OVERRIDES,
+    load_avg,
+    load_bench_config,
+    settings_with_seed,
+    write_record,
+)
+
+NAIVE_STRIP = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
+
+
+def _env(scenario: str) -> dict:
+    from vapo_engine.jobs.threads import worker_env
+    base = {k: v for k, v in os.environ.items() if k not in NAIVE_STRIP}
+    if scenario == "two-naive":
+        return dict(base, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return worker_env(concurrent=2 if scenario == "two-sized" else 1, base=dict(base, PYTHONPATH=str(REPO)))
+
+
+def _make_runs(tmp: Path, n: int, steps: int, smoke: bool) -> list[Path]:
+    from vapo_engine.runs import create_run
+    extra = [f"training.total_steps={steps}", "eval.eval_interval=100000", "eval.save_interval=100000",
+             "vapo.value_pretrain_steps=1", "eval.num_problems=16", "eval.samples_per_problem=1",
+             *(SMOKE_OVERRIDES if smoke else ())]
+    config, overrides = load_bench_config("vapo", extra)
+    return [create_run(config, settings_with_seed(i + 1), tmp, run_id=f"r{i}", overrides=overrides,
+                       preset=PRESET).run_dir for i in range(n)]
+
+
+def _step_times(run_dir: Path) -> list[float]:
+    from vapo_engine.rundir import RunDir
+    return [float(r["perf/step_time_s"]) for r in RunDir(run_dir).metrics()
+            if r.get("kind") == "train" and "perf/step_time_s" in r]
+
+
+def scenario(name: str, steps: int, smoke: bool) -> dict:
+    n = 1 if name == "alone" else 2
+    with tempfile.TemporaryDirectory(prefix="vapo-conc-") as tmp:
+        runs = _make_runs(Path(tmp), n, steps, smoke)
+        env, t0, load0 = _env(name), time.perf_counter(), load_avg()
+        procs = [subprocess.Popen([sys.executable, "-m", "vapo_engine.trainer", str(r)], env=env, cwd=REPO,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in runs]
+        errs = [p.communicate()[1] for p in procs]
+        wall = time.perf_counter() - t0
+        bad = [e[-800:] for p, e in zip(procs, errs) if p.returncode != 0]
+        if bad:
+            raise SystemExit(f"{name}: a worker failed:\n{bad[0]}")
+        times = [_step_times(r)[1:] or _step_times(r) for r in runs]
+    per_run = [round(statistics.fmean(t), 4) for t in times]
+    return {"scenario": name, "runs": n, "threads": env.get("OMP_NUM_THREADS", "torch default"),
+            "wait_policy": env.get("OMP_WAIT_POLICY", "default"), "step_time_s_per_run": per_run,
+            "mean_step_time_s": round(statistics.fmean(per_run), 4), "wall_s": round(wall, 1),
+            "load_avg_start": load0, "load_avg_end": load_avg()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30, help="policy steps per run (cpu-demo shapes)")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: 2 steps, tiny batch (tests)")
+    ap.add_argument("--out", help="folder for the JSON record (default bench/results)")
+    args = ap.parse_args()
+    from vapo_engine.trainer.tiny_model import builtin_model_dir
+    builtin_model_dir(log=lambda m: print(m, flush=True))  # build/cache outside the timed part
+    steps = 2 if args.smoke else args.steps
+    rows = [scenario(s, steps, args.smoke) for s in ("alone", "two-naive", "two-sized")]
+    alone = rows[0]["mean_step_time_s"]
+    for r in rows:
+        r["step_time_vs_alone"] = round(r["mean_step_time_s"] / alone, 2)
+        print(f"{r['scenario']:10} threads {r['threads']:>13}  wait {r['wait_policy']:8}  step "
+              f"{r['mean_step_time_s']:.3f}s ({r['step_time_vs_alone']:.2f}x alone)  wall {r['wall_s']:.0f}s  "
+              f"load {r['load_avg_start']} -> {r['load_avg_end']}", flush=True)
+    naive, sized = rows[1]["mean_step_time_s"], rows[2]["mean_step_time_s"]
+    print(f"two runs at once: sized threads make a step {naive / sized:.2f}x faster than torch's defaults")
+    path = write_record("concurrency" if not args.smoke else "concurrency-smoke",
+                        {"steps": steps, "smoke": args.smoke, "rows": rows,
+                         "naive_over_sized": round(naive / sized, 2)}, Path(args.out) if args.out else None)
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()

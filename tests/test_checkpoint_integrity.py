@@ -1,0 +1,114 @@
+"""Checkpoints load without executing code, and a damaged newest checkpoint falls back to the previous one
+(issue 11, items 2 and 3)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.engine_helpers import make_run
+from vapo_engine.metrics import read_metrics
+from vapo_engine.rundir import RunDir, verify_checkpoint
+
+OVER = ["training.total_steps=4", "eval.save_interval=2", "eval.eval_interval=100"]
+
+
+class _Planted:
+    """Unpickling this runs `touch <marker>`: what an attacker would plant in trainer_state.pt."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def trained(tmp_path, model_dir):
+    """A finished 4-step run with complete checkpoints at steps 2 and 4."""
+    from vapo_engine.trainer.loop import train
+    run_dir = make_run(tmp_path, model_dir, OVER)
+    train(run_dir, log=lambda m: None)
+    assert [p.name for p in RunDir(run_dir).checkpoint_dirs()] == ["step-0000002", "step-0000004"]
+    return run_dir
+
+
+def _resume(run_dir, total: int = 6) -> subprocess.CompletedProcess:
+    """Raise the step budget and resume with the real worker entry point."""
+    import json
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["training"]["total_steps"] = total
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    return subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run_dir), "--resume"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_every_checkpoint_file_is_in_the_manifest_and_state_is_not_a_pickle(trained):
+    ckpt = RunDir(trained).checkpoint(4)
+    assert verify_checkpoint(ckpt) is None
+    assert not (ckpt / "trainer_state.pt").exists()
+    assert {"trainer_state.json", "trainer_state.safetensors"} <= {p.name for p in ckpt.iterdir()}
+    for p in ckpt.rglob("*"):  # no torch.save zip (a pickle inside) and no pickle-format file at all
+        if p.is_file():
+            assert p.read_bytes()[:4] != b"PK\x03\x04" and p.suffix not in (".pt", ".bin", ".pkl"), p
+
+
+def test_planted_pickle_is_never_executed(trained, tmp_path):
+    marker = tmp_path / "pwned"
+    ckpt = RunDir(trained).checkpoint(4)
+    # 1) a pickle dropped next to the safe files is ignored
+    torch.save({"opt_actor": _Planted(marker)}, ckpt / "trainer_state.pt")
+    # 2) step 2 rewritten as an old-format checkpoint whose only trainer state is the planted pickle
+    old = RunDir(trained).checkpoint(2)
+    for name in ("trainer_state.json", "trainer_state.safetensors"):
+        (old / name).unlink()
+    torch.save({"step": 2, "opt_actor": _Planted(marker)}, old / "trainer_state.pt")
+    (old / "DONE").write_text("2")  # a legacy marker: no manifest to contradict the plant
+    (ckpt / "trainer_state.json").unlink()  # force the loader down to the old checkpoint
+    r = _resume(trained)
+    assert not marker.exists(), "unpickling the planted trainer_state.pt ran code"
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "step-0000004 (trainer_state.json is missing)" in r.stderr
+    assert "step-0000002 (cannot be loaded: UnpicklingError" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_damaged_newest_checkpoint_resumes_from_the_previous_one(trained):
+    weights = RunDir(trained).checkpoint(4) / "policy" / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:  # truncated, DONE still present (a crash mid-copy, a full disk)
+        f.truncate(size // 2)
+    r = _resume(trained, total=6)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (f"skipped damaged checkpoint(s): step-0000004 (policy/model.safetensors has {size // 2} bytes, "
+            f"{size} were written); resumed from step-0000002 instead") in r.stdout
+    steps = [x["step"] for x in read_metrics(trained / "metrics.jsonl") if x["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 3, 4, 5, 6]  # steps 3-4 redone from step 2, then onwards
+    assert verify_checkpoint(RunDir(trained).checkpoint(6)) is None
+
+
+def test_all_checkpoints_damaged_is_a_clear_error_naming_each(trained):
+    for step in (2, 4):
+        (RunDir(trained).checkpoint(step) / "value" / "model.safetensors").unlink()
+    r = _resume(trained)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no usable checkpoint" in r.stderr and "step-0000004 (value/model.safetensors is missing)" in r.stderr
+    assert "step-0000002 (value/model.safetensors is missing)" in r.stderr and "start the run again" in r.stderr
+
+
+def test_run_manager_resume_names_the_damaged_checkpoint(trained):
+    from vapo_engine.jobs import RunError, RunManager, State
+    mgr = RunManager(trained.parent.parent / "mgr")
+    mgr.registry.add("r", "exp", [], trained)
+    mgr.registry.claim_queued(1)
+    mgr.registry.transition("r", State.FAILED, "test")
+    (RunDir(trained).checkpoint(4) / "trainer_state.safetensors").write_bytes(b"garbage")
+    (RunDir(trained).checkpoint(2) / "DONE").unlink()
+    with pytest.raises(RunError, match=r"no complete checkpoint.*step-0000004: trainer_state.safetensors has 7 "
+                                       r"bytes.*start_training again"):
+        mgr.resume("r")

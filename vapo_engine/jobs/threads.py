@@ -1,0 +1,45 @@
+"""CPU threads for worker processes, sized so that concurrent runs do not oversubscribe the cores. Torch-free.
+
+torch sizes its OpenMP pool to every core by default, and OpenMP threads spin while they wait. Two runs on
+two cores then keep four threads busy-waiting against each other, and a step becomes many times slower. A
+worker therefore gets `cores // (processes per run × concurrent runs)` threads (at least 1), and waiting
+threads yield (`OMP_WAIT_POLICY=PASSIVE`). A value the user set in the environment always wins.
+"""
+from __future__ import annotations
+
+import os
+
+MAX_CONCURRENT_ENV = "VAPO_MCP_MAX_CONCURRENT"
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, e.g. a container's CPU set), else the CPU count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def max_concurrent(env=None) -> int:
+    try:
+        return max(1, int((env if env is not None else os.environ).get(MAX_CONCURRENT_ENV, "1")))
+    except ValueError:
+        return 1
+
+
+def threads_per_process(nprocs: int = 1, concurrent: int = 1, cores: int | None = None) -> int:
+    return max(1, (cores or usable_cores()) // max(1, nprocs * concurrent))
+
+
+def worker_env(nprocs: int = 1, concurrent: int | None = None, base: dict | None = None) -> dict:
+    """The environment of a trainer worker: thread budget, passive waiting, offline hub, unbuffered output."""
+    env = dict(os.environ if base is None else base)
+    n = threads_per_process(nprocs, concurrent or max_concurrent(env))
+    for var in THREAD_VARS:
+        env.setdefault(var, str(n))
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

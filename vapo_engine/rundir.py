@@ -1,0 +1,338 @@
+"""The run directory's one owner: its layout, and every read and write of it outside the trainer's tensors.
+
+Layout of `<runtime.log_dir>/<experiment.name>/<run id>/`:
+  run.json        identity: id, experiment, tags, seed, created, overrides, preset (written once)
+  config.json     the frozen, validated TrainConfig the worker trains with
+  settings.json   the settings snapshot + the effective channel (key redacted)
+  state.json      every attempt's registry record (state, message, times): the source of truth the run
+                  registry is rebuilt from
+  summary.json    the worker's final status and start/final evaluation
+  metrics.jsonl   append-only metrics (trainer)
+  worker.log      the worker's output;  runner.log  the supervisor's own output
+  worker.lock     held (flock) by the one process that writes this directory, for its whole life
+  worker.json     who holds it: pid, process group, start time
+  checkpoints/    step-NNNNNNN/ folders; complete only when their DONE manifest exists and verifies
+  tb/             TensorBoard event files (trainer)
+  report.png      the latest plot made by report_metrics
+
+Torch-free: the run manager, the tools and the diagnostics read runs through this module; the trainer writes
+its checkpoints' tensors itself and then calls `write_manifest` here.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import StorageError, UserError
+
+RUN_JSON, CONFIG_JSON, SETTINGS_JSON = "run.json", "config.json", "settings.json"
+STATE_JSON, SUMMARY_JSON, METRICS = "state.json", "summary.json", "metrics.jsonl"
+WORKER_LOG, RUNNER_LOG, WORKER_LOCK, WORKER_JSON = "worker.log", "runner.log", "worker.lock", "worker.json"
+CHECKPOINTS, DONE, TB, REPORT_PNG = "checkpoints", "DONE", "tb", "report.png"
+HASH_LIMIT = 64 * 1024 * 1024  # files up to this size are hashed in the manifest; larger ones: size + structure
+
+
+class RunDirBusy(UserError):
+    """Another live process holds the run directory's writer lock."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:07d}"
+
+    # --- JSON files ------------------------------------------------------------------------------------------
+    def read_json(self, name: str) -> dict | None:
+        """The parsed file, or None when it is missing or unreadable (never raises)."""
+        try:
+            data = json.loads(self.file(name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_json(self, name: str, obj) -> None:
+        write_json_atomic(self.file(name), obj)
+
+    def meta(self) -> dict:
+        return self.read_json(RUN_JSON) or {}
+
+    def summary(self) -> dict:
+        return self.read_json(SUMMARY_JSON) or {}
+
+    def config(self) -> dict:
+        return self.read_json(CONFIG_JSON) or {}
+
+    def metrics(self) -> list[dict]:
+        """Every record of metrics.jsonl, in order (a torn last line is skipped)."""
+        from .metrics import read_metrics
+        return read_metrics(self.file(METRICS))
+
+    def is_run(self) -> bool:
+        return self.file(RUN_JSON).is_file()
+
+    def log_tail(self, lines: int = 20, max_chars: int = 4000, name: str = WORKER_LOG,
+                 max_bytes: int = 64 * 1024) -> str:
+        return log_tail(self.file(name), lines, max_chars, max_bytes)
+
+    def mtime(self, name: str) -> float | None:
+        try:
+            return self.file(name).stat().st_mtime
+        except OSError:
+            return None
+
+    # --- attempts (the registry's records, mirrored) -----------------------------------------------------------
+    def attempts(self) -> dict[str, dict]:
+        return dict((self.read_json(STATE_JSON) or {}).get("attempts") or {})
+
+    def record_attempt(self, run_id: str, fields: dict) -> None:
+        """Merge `fields` into this attempt's record in state.json (under a lock: several processes write)."""
+        try:
+            with _flocked(self.path / ".state.lock"):
+                attempts = self.attempts()
+                attempts[run_id] = {**attempts.get(run_id, {}), **fields}
+                self.write_json(STATE_JSON, {"attempts": attempts})
+        except OSError as e:
+            raise storage_error(self.file(STATE_JSON), e) from None
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    def checkpoint_dirs(self) -> list[Path]:
+        """Folders that carry a DONE marker, oldest first (not yet verified)."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.glob("step-*") if step_of(p) is not None
+                      and (p / DONE).is_file())
+
+    def usable_checkpoints(self) -> tuple[list[Path], list[tuple[Path, str]]]:
+        """(verified checkpoints newest first, [(damaged checkpoint, why)] newest first)."""
+        ok, broken = [], []
+        for p in reversed(self.checkpoint_dirs()):
+            why = verify_checkpoint(p)
+            (broken.append((p, why)) if why else ok.append(p))
+        return ok, broken
+
+    def latest_checkpoint_step(self) -> int | None:
+        ok, _ = self.usable_checkpoints()
+        return step_of(ok[0]) if ok else None
+
+    # --- the writer lock ---------------------------------------------------------------------------------------
+    def writer(self) -> dict | None:
+        """The live writer's worker.json (pid, pgid, started) when the lock is held, else None."""
+        path = self.file(WORKER_LOCK)
+        if not path.exists():
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return self.read_json(WORKER_JSON) or {"pid": None}
+            return None
+        finally:
+            os.close(fd)
+        return None
+
+    def acquire_writer(self, timeout: float = 10.0) -> WriterLock:
+        """Become the one writer of this run directory, or raise `RunDirBusy` naming the holder."""
+        lock = WriterLock(self)
+        lock.acquire(timeout)
+        return lock
+
+
+class WriterLock:
+    """An exclusive flock on worker.lock held for the life of the writing process (the kernel releases it
+    when the process dies, however it dies), with worker.json saying who holds it."""
+
+    def __init__(self, rd: RunDir):
+        self.rd, self.fd = rd, None
+
+    def acquire(self, timeout: float) -> None:
+        fd = os.open(self.rd.file(WORKER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    os.close(fd)
+                    holder = self.rd.read_json(WORKER_JSON) or {}
+                    raise RunDirBusy(f"another worker (pid {holder.get('pid', '?')}) is writing run directory "
+                                     f"{self.rd.path}; stop it first (stop_run / vapo-mcp runs stop) or wait "
+                                     "for it to finish") from None
+                time.sleep(0.1)
+        self.fd = fd
+        self.rd.write_json(WORKER_JSON, {"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
+                                         "started": time.time(), "proc_start": proc_start_time(os.getpid())})
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+# --- checkpoint manifests ----------------------------------------------------------------------------------------
+def write_manifest(folder: Path, step: int) -> None:
+    """Write the DONE marker *last*: a JSON manifest of every file in `folder` (size, and sha256 when small)."""
+    files = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != DONE:
+            size = p.stat().st_size
+            entry = {"size": size}
+            if size <= HASH_LIMIT:
+                entry["sha256"] = _sha256(p)
+            files[p.relative_to(folder).as_posix()] = entry
+    _write_synced(folder / DONE, json.dumps({"step": step, "files": files}, indent=1))
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when the checkpoint is complete and intact, else why not (missing, truncated, altered file)."""
+    try:
+        manifest = json.loads((folder / DONE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return _verify_legacy(folder)
+    for rel, entry in manifest["files"].items():
+        p = folder / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != entry.get("size"):
+            return f"{rel} has {size} bytes, {entry.get('size')} were written"
+        if "sha256" in entry and _sha256(p) != entry["sha256"]:
+            return f"{rel} was altered after it was written (checksum differs)"
+    return _verify_structure(folder)
+
+
+def _verify_legacy(folder: Path) -> str | None:
+    """Checkpoints written before manifests existed: the parts must be there and structurally whole."""
+    for rel in ("policy/config.json",):
+        if not (folder / rel).is_file():
+            return f"{rel} is missing"
+    if not any((folder / n).is_file() for n in ("trainer_state.json", "trainer_state.pt")):
+        return "trainer_state is missing"
+    return _verify_structure(folder)
+
+
+def _verify_structure(folder: Path) -> str | None:
+    for p in sorted(folder.rglob("*.safetensors")):
+        why = safetensors_problem(p)
+        if why:
+            return f"{p.relative_to(folder).as_posix()}: {why}"
+    if not any(folder.glob("policy/*.safetensors")):
+        return "policy weights (policy/*.safetensors) are missing"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """None when the file's header parses and its size matches the tensors it declares."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                return "truncated (no header)"
+            (n,) = struct.unpack("<Q", raw)
+            if n > min(size, 100_000_000):
+                return "damaged header"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"unreadable ({type(e).__name__})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected = 8 + n + max(ends, default=0)
+    return None if size == expected else f"truncated or padded ({size} bytes, the header declares {expected})"
+
+
+# --- small shared helpers ----------------------------------------------------------------------------------------
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON so that readers see the old or the new file, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise storage_error(path, e) from None
+
+
+def storage_error(path: Path, e: OSError) -> StorageError:
+    """An OS error on a run file as a message with the fix."""
+    why = e.strerror or type(e).__name__
+    return StorageError(f"cannot write {path} ({why}); make its folder writable (or free disk space), or set "
+                        "runtime.log_dir in settings.json to a writable folder")
+
+
+def log_tail(path: Path, lines: int = 20, max_chars: int = 4000, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a text file (at most `max_chars`, read from its last `max_bytes`)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])[-max_chars:]
+
+
+def proc_start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid from a reused one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return float(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def step_of(p: Path) -> int | None:
+    tail = p.name.partition("-")[2]
+    return int(tail) if p.name.startswith("step-") and tail.isdigit() else None
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with p.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _flocked(path: Path):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
