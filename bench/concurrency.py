@@ -5,7 +5,7 @@ built-in tiny model:
   alone      one run with the worker environment the run manager gives it (`jobs.threads.worker_env`)
   two-naive  two runs at once, each with torch's defaults (a thread per core, OpenMP's spinning wait)
   two-sized  two runs at once with `worker_env(concurrent=2)`: cores // 2 threads each, passive waiting
-Reported: mean policy-step time per run (first step excluded), wall time, and the ratios to `alone`,
+Reported: mean rollout-step time per run (perf/step_time_s, first rollout step excluded), wall time, and the ratios to `alone`,
 measured in one invocation. Not a test: nothing here asserts.
 
     .venv/bin/python bench/concurrency.py [--steps 30] [--smoke] [--out DIR]
@@ -96,10 +96,25 @@ def main() -> None:
               f"load {r['load_avg_start']} -> {r['load_avg_end']}", flush=True)
     naive, sized = rows[1]["mean_step_time_s"], rows[2]["mean_step_time_s"]
     print(f"two runs at once: sized threads make a step {naive / sized:.2f}x faster than torch's defaults")
-    path = write_record("concurrency" if not args.smoke else "concurrency-smoke",
-                        {"steps": steps, "smoke": args.smoke, "rows": rows,
-                         "naive_over_sized": round(naive / sized, 2)}, Path(args.out) if args.out else None)
+    path = write_record("concurrency", {"steps": steps, "config": {"steps": steps, "smoke": args.smoke},
+                                        "rows": rows, "naive_over_sized": round(naive / sized, 2)},
+                        Path(args.out) if args.out else None)
+    _plot(rows, path.with_suffix(".png"))
     print(f"record: {path}")
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    labels = [f"{r['scenario']}\n{r['threads']} thr, {r['wait_policy']}" for r in rows]
+    ax.bar(labels, [r["mean_step_time_s"] for r in rows], color=["#4c72b0", "#c44e52", "#55a868"])
+    ax.set_ylabel("rollout-step time per run (s)")
+    ax.set_title("two cpu-demo runs on the same cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,23 @@ def ablation(rec: dict) -> str:
     return "\n".join(lines)
 
 
-RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation}
+def concurrency(rec: dict) -> str:
+    lines = ["| scenario | runs at once | threads per run | OpenMP wait | rollout-step time per run (s; 128 samples + 4 updates) | "
+             "vs alone | wall (s) | load average start → end |", "|---|---|---|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        lines.append(f"| {r['scenario']} | {r['runs']} | {r['threads']} | {r['wait_policy']} | "
+                     f"{', '.join(f'{t:.2f}' for t in r['step_time_s_per_run'])} | {r['step_time_vs_alone']:.2f}× | "
+                     f"{r['wall_s']:.0f} | {r['load_avg_start']} → {r['load_avg_end']} |")
+    m = rec["machine"]
+    lines += ["", f"Two runs at once: the run manager's thread budget makes a step {rec['naive_over_sized']:.2f}× "
+              f"faster than torch's defaults. {rec['steps']} cpu-demo policy steps per run (first rollout step excluded).",
+              "", f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; `{rec['command']}` "
+              f"({rec['date_utc']})*"]
+    return "\n".join(lines)
+
+
+RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
+          "concurrency": concurrency}
 
 
 def render(results: Path = RESULTS) -> str:

@@ -11,6 +11,7 @@ import functools
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from tools.paths import known_secrets
 from vapo_engine.errors import is_user_error
 from vapo_engine.providers.redaction import public_message
 
@@ -26,6 +27,6 @@ def agent_errors(fn):
             raise
         except Exception as e:
             if is_user_error(e):
-                raise ToolError(public_message(e)) from None
+                raise ToolError(public_message(e, known_secrets())) from None
             raise
     return wrapper

@@ -162,3 +162,16 @@ def test_a_bad_value_from_a_preset_file_names_the_preset_file(proj):
         load_config(proj / "config.toml", ["vapo.alpha=-1"], preset=str(proj / "mine.toml"))
     msg = str(e.value)
     assert f"{proj / 'mine.toml'}: training.total_steps" in msg and "--set: vapo.alpha" in msg, msg
+
+
+def test_tools_cannot_ask_for_more_processes_than_cores(proj):
+    from tools.access import Policy, applied
+    from tools.paths import ToolInputError, files
+    from tools.training import prepare_config
+    from vapo_engine.jobs.threads import usable_cores
+    n = usable_cores() + 1
+    over = [f"distributed.nproc_per_node={n}", f"training.batch_size={8 * n}", "vapo.group_size=1",
+            f"training.mini_batch_size={8 * n}", "training.micro_batch_size=8"]
+    with applied(Policy("stdio")), pytest.raises(ToolInputError, match="more processes than this machine has cores"):
+        prepare_config(files(), "cpu-demo", over)
+    assert prepare_config(files(), "cpu-demo", over).distributed.nproc_per_node == n  # the CLI may

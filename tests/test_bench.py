@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not _cached(), reason="built-in tiny model not c
 
 SMOKES = {"throughput": ["--dtypes", "float32"],
           "sample_efficiency": ["--algos", "vapo,grpo"],
-          "ablation": ["--variants", "vapo,no_positive_lm"]}
+          "ablation": ["--variants", "vapo,no_positive_lm"],
+          "concurrency": []}
 
 
 @pytest.fixture(scope="module")
@@ -47,4 +48,5 @@ def test_smoke_writes_record_and_plot(out: Path, name: str):
 def test_report_renders_tables_from_the_records(out: Path):
     text = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--results", str(out)],
                           check=True, cwd=ROOT, capture_output=True, text=True).stdout
-    assert text.count("|---|") >= 3 and "full VAPO" in text and "float32" in text and "grpo" in text
+    assert text.count("|---|") >= 4 and "full VAPO" in text and "float32" in text and "grpo" in text
+    assert "two-sized" in text

@@ -112,3 +112,31 @@ def test_run_manager_resume_names_the_damaged_checkpoint(trained):
     with pytest.raises(RunError, match=r"no complete checkpoint.*step-0000004: trainer_state.safetensors has 7 "
                                        r"bytes.*start_training again"):
         mgr.resume("r")
+
+
+def test_garbage_manifests_and_headers_are_reported_never_raised(tmp_path):
+    import json
+    folder = tmp_path / "step-0000001"
+    (folder / "policy").mkdir(parents=True)
+    for manifest in ({"files": {"a": 5}}, {"files": {"../../etc/passwd": {"size": 1}}}, {"files": []}):
+        (folder / "DONE").write_text(json.dumps(manifest))
+        assert verify_checkpoint(folder)  # a reason, not an exception
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": "x"}}).encode()
+    (folder / "policy" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    (folder / "policy" / "config.json").write_text("{}")
+    (folder / "trainer_state.json").write_text("{}")
+    (folder / "DONE").write_text("1")
+    assert "unreadable" in verify_checkpoint(folder)
+
+
+def test_a_missing_data_file_on_resume_is_not_blamed_on_the_checkpoints(trained, tmp_path):
+    import json
+    data = tmp_path / "set.jsonl"
+    data.write_text('{"problem": "1+1", "answer": "2"}\n')
+    cfg = json.loads((trained / "config.json").read_text())
+    cfg["eval"]["benchmark"] = str(data)
+    (trained / "config.json").write_text(json.dumps(cfg))
+    data.unlink()  # the data moved away after the run started
+    r = _resume(trained)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert str(data) in r.stderr and "checkpoint" not in r.stderr

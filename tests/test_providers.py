@@ -51,7 +51,9 @@ def test_normalize_base_url(raw, url, kinds):
 
 
 @pytest.mark.parametrize("raw, kind", [("taotoken.net/api", "no_scheme"), ("ftp://h/v1", "bad_scheme"),
-                                       ("", "empty"), ("http:///v1", "no_host")])
+                                       ("", "empty"), ("http:///v1", "no_host"),
+                                       ("https://h:99999/api", "malformed"), ("https://h:port/api", "malformed"),
+                                       ("https://u:p@[::1/api", "malformed")])
 def test_normalize_base_url_refuses(raw, kind):
     with pytest.raises(BaseURLError) as e:
         normalize_base_url(raw)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_engine.config import ConfigError, TrainConfig, load_config, load_settings, preset_names
+from vapo_engine.jobs.threads import usable_cores
 from vapo_engine.runs import freeze_paths, runs_root
 from vapo_engine.tasks import BUILTIN_PREFIX
 
@@ -176,6 +177,12 @@ def _check_listener(f: Files, cfg: TrainConfig) -> None:
     own = load_config(f.config).distributed
     changed = [(k, getattr(cfg.distributed, k), getattr(own, k)) for k in LISTENER_KEYS
                if getattr(cfg.distributed, k) != getattr(own, k)]
+    limit = max(own.nproc_per_node, usable_cores())
+    if cfg.distributed.nproc_per_node > limit:
+        raise ToolInputError(
+            f"distributed.nproc_per_node = {cfg.distributed.nproc_per_node} is more processes than this machine "
+            f"has cores ({usable_cores()}); a tool call may ask for at most {limit} — call again with a smaller "
+            "value, or set it in config.toml / on the CLI")
     if changed:
         what = "; ".join(f"distributed.{k} = {new!r} (config.toml: {old!r})" for k, new, old in changed)
         k, new, _ = changed[0]

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vapo_engine.config import Settings, load_settings
+from vapo_engine.config import Settings, load_settings, resolve_channel
 from vapo_engine.errors import UserError
 from vapo_engine.jobs import RunManager
 from vapo_engine.runs import runs_root
@@ -37,3 +37,14 @@ def files(config: str | None = None, settings: str | None = None) -> Files:
 def manager_for(f: Files, settings: Settings | None = None) -> tuple[RunManager, Settings]:
     settings = settings or load_settings(f.settings)
     return RunManager(runs_root(settings, f.settings)), settings
+
+
+def known_secrets(f: Files | None = None) -> list:
+    """The configured channel's resolved key, for scrubbing messages that may quote it in any shape (a key
+    with no recognisable pattern is only caught by its value); [] when it cannot be resolved."""
+    try:
+        f = f or files()
+        channel, _ = resolve_channel(load_settings(f.settings), dotenv_path=f.dotenv)
+    except Exception:  # noqa: BLE001 - scrubbing must never fail the error path it protects
+        return []
+    return [channel.key] if channel.key else []

@@ -97,9 +97,9 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
         settings = settings.model_copy(update={"experiment": exp})
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
-                      preset=preset, extra={"group_id": group_id, "variant": variant})
+                      preset=preset, extra={"group_id": group_id, "variant": variant}, secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
-                     nprocs=cfg.distributed.world_size)
+                     nprocs=cfg.distributed.nproc_per_node)
     return StartResult(run=_view(rec), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
                        f"report_metrics(run_id='{info.run_id}')",
                        warnings=[str(w) for w in warns if w.key != "api.api_key_env"])

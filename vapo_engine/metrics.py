@@ -64,19 +64,21 @@ STEP, KIND, TIME = "step", "kind", "time"
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """All records of a metrics.jsonl (each {step, kind, time, <name>: value, ...}); a torn line is skipped."""
+    """All records of a metrics.jsonl (each {step, kind, time, <name>: value, ...}); a torn or damaged line
+    (bad JSON, bad bytes, no integer step) is skipped, an unreadable file reads as empty."""
     path = Path(path)
-    if not path.is_file():
-        return []
     out = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get(STEP), int):
+                    out.append(rec)
+    except OSError:
+        return out
     return out
 
 

@@ -92,8 +92,14 @@ class RunDir:
         return self.file(RUN_JSON).is_file()
 
     def log_tail(self, lines: int = 20, max_chars: int = 4000, name: str = WORKER_LOG,
-                 max_bytes: int = 64 * 1024) -> str:
-        return log_tail(self.file(name), lines, max_chars, max_bytes)
+                 max_bytes: int = 64 * 1024, start: int = 0) -> str:
+        return log_tail(self.file(name), lines, max_chars, max_bytes, start)
+
+    def log_size(self, name: str = WORKER_LOG) -> int:
+        try:
+            return self.file(name).stat().st_size
+        except OSError:
+            return 0
 
     def mtime(self, name: str) -> float | None:
         try:
@@ -209,7 +215,15 @@ def write_manifest(folder: Path, step: int) -> None:
 
 
 def verify_checkpoint(folder: Path) -> str | None:
-    """None when the checkpoint is complete and intact, else why not (missing, truncated, altered file)."""
+    """None when the checkpoint is complete and intact, else why not (missing, truncated, altered or
+    unreadable file). Never raises: a checkpoint that cannot be checked is not usable."""
+    try:
+        return _verify(folder)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        return f"unreadable ({type(e).__name__}: {str(e)[:120]})"
+
+
+def _verify(folder: Path) -> str | None:
     try:
         manifest = json.loads((folder / DONE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -217,6 +231,8 @@ def verify_checkpoint(folder: Path) -> str | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         return _verify_legacy(folder)
     for rel, entry in manifest["files"].items():
+        if not isinstance(entry, dict) or ".." in Path(rel).parts or Path(rel).is_absolute():
+            return f"the DONE manifest is damaged (entry {rel!r})"
         p = folder / rel
         if not p.is_file():
             return f"{rel} is missing"
@@ -260,9 +276,9 @@ def safetensors_problem(path: Path) -> str | None:
             if n > min(size, 100_000_000):
                 return "damaged header"
             header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         return f"unreadable ({type(e).__name__})"
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
     expected = 8 + n + max(ends, default=0)
     return None if size == expected else f"truncated or padded ({size} bytes, the header declares {expected})"
 
@@ -287,12 +303,14 @@ def storage_error(path: Path, e: OSError) -> StorageError:
                         "runtime.log_dir in settings.json to a writable folder")
 
 
-def log_tail(path: Path, lines: int = 20, max_chars: int = 4000, max_bytes: int = 64 * 1024) -> str:
-    """The last `lines` lines of a text file (at most `max_chars`, read from its last `max_bytes`)."""
+def log_tail(path: Path, lines: int = 20, max_chars: int = 4000, max_bytes: int = 64 * 1024,
+             start: int = 0) -> str:
+    """The last `lines` lines of a text file (at most `max_chars`, read from its last `max_bytes`, never
+    before byte `start`: an attempt's own output in a log that earlier attempts wrote to)."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
+            f.seek(max(0, start, f.tell() - max_bytes))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""

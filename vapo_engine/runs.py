@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Settings, TrainConfig
 from .config.secrets import safe_channel_view, safe_config_dump, safe_overrides, safe_settings_dump, safe_tags
 from .errors import UserError
+from .providers.redaction import scrub_obj
 from .rundir import CONFIG_JSON, RUN_JSON, SETTINGS_JSON, storage_error, write_json_atomic
 
 
@@ -37,13 +39,16 @@ def new_run_id() -> str:
 
 def create_run(config: TrainConfig, settings: Settings, root: Path, *, channel_public: dict | None = None,
                overrides: list[str] | tuple[str, ...] = (), preset: str | None = None,
-               run_id: str | None = None, extra: dict | None = None) -> RunInfo:
+               run_id: str | None = None, extra: dict | None = None, secrets: Iterable = ()) -> RunInfo:
     """Make the run directory and its frozen snapshots. No secret is written: the channel view is redacted,
     and URL credentials, a key pasted into `api_key_env`, and secret-looking override values and tags are
-    redacted (`vapo_engine.config.secrets`); the returned tags — what the registry stores — are the same."""
+    redacted (`vapo_engine.config.secrets`), and so is every trace of the known `secrets` (the resolved key,
+    whatever its shape); the returned tags — what the registry stores — are the same."""
     run_id = run_id or new_run_id()
     exp = settings.experiment
-    tags = tuple(safe_tags(exp.tags))
+    known = [x for x in secrets if x]
+    clean = (lambda obj: scrub_obj(obj, known) if known else obj)
+    tags = tuple(clean(safe_tags(exp.tags)))
     run_dir = root / exp.name / run_id
     try:
         run_dir.mkdir(parents=True, exist_ok=False)
@@ -51,13 +56,13 @@ def create_run(config: TrainConfig, settings: Settings, root: Path, *, channel_p
         raise UserError(f"run directory {run_dir} already exists; pick another run id") from None
     except OSError as e:
         raise storage_error(run_dir, e) from None
-    write_json_atomic(run_dir / CONFIG_JSON, safe_config_dump(config.model_dump(mode="json")))
-    write_json_atomic(run_dir / SETTINGS_JSON, {"settings": safe_settings_dump(settings.model_dump(mode="json")),
-                                                "channel": _safe_channel(channel_public)})
-    write_json_atomic(run_dir / RUN_JSON, {"run_id": run_id, "experiment": exp.name, "tags": list(tags),
-                                           "seed": exp.seed, "created": time.time(),
-                                           "overrides": safe_overrides(overrides), "preset": preset,
-                                           **(extra or {})})
+    write_json_atomic(run_dir / CONFIG_JSON, clean(safe_config_dump(config.model_dump(mode="json"))))
+    write_json_atomic(run_dir / SETTINGS_JSON, clean({"settings": safe_settings_dump(settings.model_dump(mode="json")),
+                                                      "channel": _safe_channel(channel_public)}))
+    write_json_atomic(run_dir / RUN_JSON, clean({"run_id": run_id, "experiment": exp.name, "tags": list(tags),
+                                                 "seed": exp.seed, "created": time.time(),
+                                                 "overrides": safe_overrides(overrides), "preset": preset,
+                                                 **(extra or {})}))
     return RunInfo(run_id, run_dir, exp.name, tags, exp.seed)
 
 
@@ -90,5 +95,16 @@ def freeze_paths(config: TrainConfig, base_dir: str | Path) -> TrainConfig:
     fix = (lambda p: p if p is None or Path(p).expanduser().is_absolute() else str((base / p).resolve()))
     model = config.model.model_copy(update={"local_path": fix(config.model.local_path),
                                             "value_path": fix(config.model.value_path)})
-    data = config.data.model_copy(update={"data_dir": fix(config.data.data_dir)})
-    return config.model_copy(update={"model": model, "data": data})
+    data_dir = fix(config.data.data_dir)
+    data = config.data.model_copy(update={"data_dir": data_dir, "train": _freeze_spec(config.data.train, data_dir)})
+    ev = config.eval.model_copy(update={"benchmark": _freeze_spec(config.eval.benchmark, data_dir)})
+    return config.model_copy(update={"model": model, "data": data, "eval": ev})
+
+
+def _freeze_spec(spec: str, data_dir: str) -> str:
+    """A relative `.jsonl` task path made absolute the way `tasks.get_task` resolves it now (the working
+    directory, else the data dir), so a worker started from another directory reads the same file."""
+    p = Path(spec.strip()).expanduser()
+    if not spec.strip().endswith(".jsonl") or p.is_absolute():
+        return spec
+    return str((p if p.exists() else Path(data_dir) / p).resolve())

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from tools.paths import CONFIG_ENV, SETTINGS_ENV
+from tools.paths import CONFIG_ENV, SETTINGS_ENV, known_secrets
 from vapo_engine.errors import UserError as _UserError
 from vapo_engine.errors import is_user_error
 from vapo_engine.providers.redaction import public_message
@@ -41,6 +41,6 @@ def report_error(e: BaseException) -> bool:
     """Print a user error (vapo_engine.errors: the one contract the MCP server uses too) without a traceback;
     return False for anything that is a bug."""
     if is_user_error(e):
-        print(f"error: {public_message(e)}", file=sys.stderr)
+        print(f"error: {public_message(e, known_secrets())}", file=sys.stderr)
         return True
     return False

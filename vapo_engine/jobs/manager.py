@@ -11,6 +11,7 @@ dead supervisor never makes a live worker look dead, and nothing starts a second
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -22,8 +23,10 @@ from vapo_engine.errors import UserError
 from vapo_engine.rundir import RUNNER_LOG, RunDir, storage_error
 
 from . import outcome, threads
-from .registry import Registry, RunRecord
+from .registry import Registry, RunIdTaken, RunRecord
 from .states import State
+
+log = logging.getLogger("vapo_mcp.jobs")
 
 
 class RunError(UserError):
@@ -65,33 +68,50 @@ class RunManager:
         self.registry.update(rec.run_id, pid=p.pid, heartbeat=time.time())
 
     def recover(self) -> list[str]:
-        """For every running run whose supervisor is gone (no process, or no heartbeat for STALE_AFTER_S):
+        """For every running run whose supervisor is gone (no process, a reused pid, or no heartbeat for
+        STALE_AFTER_S):
         - its worker still holds the writer lock → it stays running (the message says so; stop_run works);
         - its worker is gone too → the end is read from the run directory: succeeded or stopped when the
           worker wrote that in summary.json during this attempt, else failed with the evidence and the resume
-          path. Returns the run ids that reached a terminal state here."""
+          path. A run whose directory cannot be read is skipped (logged), never a failure of the caller.
+        Returns the run ids that reached a terminal state here."""
         ended = []
         for rec in self.registry.list(state=State.RUNNING.value, limit=10_000):
-            if self._supervised(rec):
-                continue
-            rd = RunDir(rec.run_dir)
-            holder = rd.writer()
-            if holder:
-                msg = (f"its supervisor (pid {rec.pid}) is gone, but the worker (pid {holder.get('pid')}) is still "
-                       f"training; stop_run('{rec.run_id}') stops it; the state is updated when it ends")
-                if rec.message != msg:
-                    self.registry.update(rec.run_id, message=msg)
-                continue
-            state, msg = outcome.final_state(rd, None, stopped=False, since=rec.started)
-            if self.registry.transition(rec.run_id, state, msg):
-                ended.append(rec.run_id)
+            try:
+                if self._recover_one(rec):
+                    ended.append(rec.run_id)
+            except Exception as e:  # noqa: BLE001 - one damaged run directory must not block every tool call
+                log.warning("recovery skipped run %s: %s", rec.run_id, e)
         return ended
 
-    @staticmethod
-    def _supervised(rec: RunRecord) -> bool:
+    def _recover_one(self, rec: RunRecord) -> bool:
+        if self._supervised(rec):
+            return False
+        rd = RunDir(rec.run_dir)
+        holder = rd.writer()
+        if holder:
+            msg = (f"its supervisor (pid {rec.pid}) is gone, but the worker (pid {holder.get('pid')}) is still "
+                   f"training; stop_run('{rec.run_id}') stops it; the state is updated when it ends")
+            if rec.message != msg:
+                self.registry.update(rec.run_id, message=msg)
+            return False
+        attempt = rd.attempts().get(rec.run_id, {})
+        state, msg = outcome.final_state(rd, None, stopped=False, since=rec.started,
+                                         log_from=int(attempt.get("log_offset") or 0))
+        return self.registry.transition(rec.run_id, state, msg)
+
+    def _supervisor(self, rec: RunRecord) -> int | None:
+        """The supervisor's pid while it is alive, is the recorded process (start time) and beats."""
         beat = rec.heartbeat or rec.started or rec.created
-        fresh = time.time() - beat < outcome.STALE_AFTER_S
-        return fresh and (rec.pid is None or outcome.pid_alive(rec.pid))  # no pid yet: just claimed
+        if rec.pid is None or time.time() - beat >= outcome.STALE_AFTER_S:
+            return None
+        start = RunDir(rec.run_dir).attempts().get(rec.run_id, {}).get("supervisor_start")
+        return rec.pid if outcome.same_process(rec.pid, start) else None
+
+    def _supervised(self, rec: RunRecord) -> bool:
+        beat = rec.heartbeat or rec.started or rec.created
+        just_claimed = rec.pid is None and time.time() - beat < outcome.STALE_AFTER_S
+        return just_claimed or self._supervisor(rec) is not None
 
     def get(self, run_id: str) -> RunRecord:
         rec = self.registry.get(run_id) if run_id else None
@@ -102,9 +122,12 @@ class RunManager:
 
     def stop(self, run_id: str, *, force: bool = False) -> RunRecord:
         """Graceful: the worker checkpoints, then exits (through its supervisor when that is alive). Force:
-        SIGKILL to the worker's and the supervisor's process groups."""
+        SIGKILL to the supervisor's and the worker's process groups. A run already marked terminal whose
+        worker still holds the writer lock is stopped too (its state cannot have been right)."""
         rec = self.get(run_id)
-        if rec.state.terminal:
+        rd = RunDir(rec.run_dir)
+        worker = _worker(rd, rec.run_id)
+        if rec.state.terminal and worker is None:
             nxt = (f"resume_run('{run_id}') continues it" if rec.state is not State.SUCCEEDED
                    else f"report_metrics('{run_id}') shows its results")
             raise RunError(f"run {run_id} is already {rec.state.value}, so there is nothing to stop; {nxt}, or "
@@ -112,18 +135,22 @@ class RunManager:
         if rec.state is State.QUEUED:
             self.registry.transition(run_id, State.STOPPED, "stopped before it started")
             return self.get(run_id)
-        holder = RunDir(rec.run_dir).writer()
-        supervisor = rec.pid if outcome.pid_alive(rec.pid) else None
+        supervisor = None if rec.state.terminal else self._supervisor(rec)
         if force:
-            for pgid in supervisor, (holder or {}).get("pgid"):  # the supervisor first: it must not report
-                _signal_group(pgid, signal.SIGKILL)
-            self.registry.transition(run_id, State.STOPPED, "force-stopped (SIGKILL); "
-                                     f"{outcome.resume_hint(RunDir(rec.run_dir))}")
+            _signal_group(supervisor, signal.SIGKILL)  # the supervisor first: it must not report
+            _signal_group((worker or {}).get("pgid"), signal.SIGKILL)
+            msg = f"force-stopped (SIGKILL); {outcome.resume_hint(rd)}"
+            if not self.registry.transition(run_id, State.STOPPED, msg):
+                self.registry.update(run_id, message=f"{rec.message}; its stray worker was then force-stopped")
+        elif rec.state.terminal:
+            _signal(worker["pid"], signal.SIGTERM)
+            self.registry.update(run_id, message=f"{rec.message}; its stray worker (pid {worker['pid']}) was asked "
+                                 "to stop (it checkpoints, then exits)")
         elif supervisor:
             _signal(supervisor, signal.SIGTERM)  # it forwards the request and records the end
-        elif holder and holder.get("pid"):
-            _signal(holder["pid"], signal.SIGTERM)
-            self.registry.update(run_id, message=f"stop requested from the worker (pid {holder['pid']}) directly "
+        elif worker and worker.get("pid"):
+            _signal(worker["pid"], signal.SIGTERM)
+            self.registry.update(run_id, message=f"stop requested from the worker (pid {worker['pid']}) directly "
                                  "(its supervisor is gone); it checkpoints, then exits; poll run_status")
         return self.get(run_id)
 
@@ -143,15 +170,24 @@ class RunManager:
         if not ok:
             raise RunError(f"run {run_id} has no complete checkpoint to resume from"
                            + (f" (damaged: {damaged})" if damaged else "") + "; start_training again")
-        base = rec.run_id.split("-r")[0] if "-r" in rec.run_id[-4:] else rec.run_id
-        n = 1 + sum(1 for r in self.registry.list(limit=10_000) if r.run_id.startswith(base + "-r"))
-        new_id = f"{base}-r{n}"
-        self.registry.add(new_id, rec.experiment, rec.tags, rec.run_dir, resumed_from=run_id,
-                          group_id=rec.group_id, variant=rec.variant, resume=True, nprocs=rec.nprocs)
+        new_id = self._add_attempt(rec)
         if damaged:
             self.registry.update(new_id, message=f"queued; resumes from {ok[0].name}, skipping damaged {damaged}")
         self.tick()
         return self.get(new_id)
+
+    def _add_attempt(self, rec: RunRecord) -> str:
+        """Register the next attempt `<base>-rN` of a run (a concurrent resume that took N makes us take N+1)."""
+        base = rec.run_id.split("-r")[0] if "-r" in rec.run_id[-4:] else rec.run_id
+        n = 1 + sum(1 for r in self.registry.list(limit=10_000) if r.run_id.startswith(base + "-r"))
+        for k in range(n, n + 50):
+            try:
+                self.registry.add(f"{base}-r{k}", rec.experiment, rec.tags, rec.run_dir, resumed_from=rec.run_id,
+                                  group_id=rec.group_id, variant=rec.variant, resume=True, nprocs=rec.nprocs)
+                return f"{base}-r{k}"
+            except RunIdTaken:
+                continue
+        raise RunError(f"could not register a new attempt of run {rec.run_id}; try resume_run again")
 
     def wait(self, run_id: str, timeout: float, poll: float = 0.5) -> RunRecord:
         """Block until the run is terminal or `timeout` passes (CLI and tests; tools never block)."""
@@ -163,6 +199,18 @@ class RunManager:
             time.sleep(poll)
             self.tick()
         return self.get(run_id)
+
+
+def _worker(rd: RunDir, run_id: str) -> dict | None:
+    """The run's live worker: the writer lock's holder, or (before it took the lock) the worker process the
+    supervisor recorded for this attempt, while it is still that process."""
+    holder = rd.writer()
+    if holder:
+        return holder
+    rec = rd.attempts().get(run_id, {})
+    if outcome.same_process(rec.get("worker_pid"), rec.get("worker_start")) and rec.get("worker_start"):
+        return {"pid": rec["worker_pid"], "pgid": rec.get("worker_pgid")}
+    return None
 
 
 def _signal(pid: int | None, sig: int) -> None:

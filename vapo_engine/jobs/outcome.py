@@ -7,8 +7,9 @@ writer lock, held by a live worker).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from vapo_engine.rundir import SUMMARY_JSON, RunDir
+from vapo_engine.rundir import SUMMARY_JSON, RunDir, proc_start_time
 
 from .states import State
 
@@ -28,8 +29,24 @@ def pid_alive(pid: int | None) -> bool:
         return True
     try:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return True
+    except ChildProcessError:  # not our child: a zombie nobody reaped yet is dead too
+        return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def same_process(pid: int | None, start: float | None) -> bool:
+    """`pid` is alive and (when its recorded start time is known) is still the process that was recorded,
+    not a newer one that reused the number."""
+    if not pid_alive(pid):
+        return False
+    now = proc_start_time(pid)
+    return start is None or now is None or now == start
 
 
 def resume_hint(rd: RunDir) -> str:
@@ -38,9 +55,11 @@ def resume_hint(rd: RunDir) -> str:
             else "no checkpoint was written yet; start_training again")
 
 
-def final_state(rd: RunDir, rc: int | None, *, stopped: bool, since: float | None = None) -> tuple[State, str]:
+def final_state(rd: RunDir, rc: int | None, *, stopped: bool, since: float | None = None,
+                log_from: int = 0) -> tuple[State, str]:
     """The terminal state and a message with the evidence and the next step. `rc` is the worker's exit code
-    (None when nobody saw it exit); `since` ignores a summary.json older than this attempt's start."""
+    (None when nobody saw it exit); `since` ignores a summary.json older than this attempt's start;
+    `log_from` is where this attempt's output starts in worker.log (earlier attempts wrote before it)."""
     summary = rd.summary()
     mtime = rd.mtime(SUMMARY_JSON)
     if since is not None and (mtime is None or mtime < since - 1.0):
@@ -51,7 +70,7 @@ def final_state(rd: RunDir, rc: int | None, *, stopped: bool, since: float | Non
         return State.SUCCEEDED, f"finished {summary.get('steps')} steps in {summary.get('seconds')}s{extra}"
     if stopped or summary.get("status") == "stopped":
         return State.STOPPED, f"stopped on request; {resume_hint(rd)}"
-    tail = rd.log_tail(3)
+    tail = rd.log_tail(3, start=log_from)
     if rc is None:
         return State.FAILED, (f"the supervisor and the worker died without reporting (no final summary); "
                               f"last log: {tail!r}; {resume_hint(rd)}")

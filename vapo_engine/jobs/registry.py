@@ -18,13 +18,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vapo_engine.errors import StorageError
+from vapo_engine.errors import StorageError, UserError
 from vapo_engine.rundir import RUN_JSON, RunDir
 
 from .rebuild import records_from_run_dir
 from .states import ALLOWED, MESSAGES, State
 
 log = logging.getLogger("vapo_mcp.registry")
+
+
+class RunIdTaken(UserError):
+    """A run id that the registry already holds."""
 DB_NAME = "runs.sqlite3"
 COLUMNS = ("run_id", "experiment", "tags", "run_dir", "state", "message", "created", "started", "finished",
            "heartbeat", "pid", "exit_code", "resumed_from", "group_id", "variant", "resume", "nprocs")
@@ -192,10 +196,13 @@ class Registry:
             group_id: str | None = None, variant: str | None = None, resume: bool = False,
             nprocs: int = 1) -> RunRecord:
         with self._conn() as c:
-            c.execute("INSERT INTO runs (run_id, experiment, tags, run_dir, state, message, created, resumed_from,"
-                      " group_id, variant, resume, nprocs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (run_id, experiment, json.dumps(list(tags)), str(run_dir), State.QUEUED.value,
-                       MESSAGES[State.QUEUED], time.time(), resumed_from, group_id, variant, int(resume), nprocs))
+            cur = c.execute("INSERT OR IGNORE INTO runs (run_id, experiment, tags, run_dir, state, message, created,"
+                            " resumed_from, group_id, variant, resume, nprocs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                            (run_id, experiment, json.dumps(list(tags)), str(run_dir), State.QUEUED.value,
+                             MESSAGES[State.QUEUED], time.time(), resumed_from, group_id, variant, int(resume),
+                             nprocs))
+        if cur.rowcount != 1:
+            raise RunIdTaken(f"run id {run_id!r} is already registered; pick another run id")
         self._mirror(run_id)
         return self.get(run_id)
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir
+from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, proc_start_time
 
 from .manager import RunManager
 from .outcome import HEARTBEAT_S, final_state
@@ -50,18 +50,22 @@ def supervise(root: Path, run_id: str) -> int:
     rec = reg.get(run_id)
     if rec is None:
         return 2
+    rd = RunDir(rec.run_dir)
+    log_from = rd.log_size()
+    rd.record_attempt(run_id, {"supervisor_start": proc_start_time(os.getpid()), "log_offset": log_from})
     reg.update(run_id, pid=os.getpid(), heartbeat=time.time(), message="training; poll run_status")
-    nprocs = rec.nprocs
-    with open(rec.run_dir / WORKER_LOG, "ab", buffering=0) as log:
+    with open(rd.file(WORKER_LOG), "ab", buffering=0) as log:
         child = subprocess.Popen(worker_command(rec.run_dir, rec.resume), stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True,
-                                 env=worker_env(nprocs=nprocs))
+                                 env=worker_env(nprocs=rec.nprocs))
+        rd.record_attempt(run_id, {"worker_pid": child.pid, "worker_pgid": child.pid,
+                                   "worker_start": proc_start_time(child.pid)})
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: _request_stop(child))
         threading.Thread(target=_heartbeat, args=(reg, run_id, child, stop), daemon=True).start()
         rc = child.wait()
         stop.set()
-    state, message = final_state(RunDir(rec.run_dir), rc, stopped=_stop_requested(child), since=rec.started)
+    state, message = final_state(rd, rc, stopped=_stop_requested(child), since=rec.started, log_from=log_from)
     reg.transition(run_id, state, message, exit_code=rc)
     RunManager(root).tick()
     return 0
@@ -74,7 +78,15 @@ def _request_stop(child: subprocess.Popen) -> None:
     _STOP_ASKED.add(child.pid)
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
-        threading.Timer(STOP_GRACE_S, lambda: child.poll() is None and child.kill()).start()
+        threading.Timer(STOP_GRACE_S, lambda: child.poll() is None and _kill_group(child.pid)).start()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the worker's whole process group (a launcher and its ranks), not only its first process."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _stop_requested(child: subprocess.Popen) -> bool:

@@ -219,7 +219,8 @@ def guard_logs(secret: Secret | str | None) -> None:
                 logger.addFilter(_FILTER)
 
 
-def public_message(exc: BaseException) -> str:
-    """The text of a user error (vapo_engine.errors) as every front-end shows it: scrubbed of anything
-    credential-shaped, since a message may quote the caller's input (an override, a tag, a header)."""
-    return redact_tokens(scrub(str(exc)))
+def public_message(exc: BaseException, secrets: Iterable[Secret | str | None] = ()) -> str:
+    """The text of a user error (vapo_engine.errors) as every front-end shows it: scrubbed of the known
+    `secrets` and of anything credential-shaped, since a message may quote the caller's input (an override,
+    a tag, a header)."""
+    return redact_tokens(scrub(str(exc), secrets))

@@ -101,7 +101,12 @@ def normalize_base_url(raw: str, *, append_version: bool = True) -> BaseURL:
     text = _strip_wrapping(raw or "", kinds)
     if not text:
         raise BaseURLError(raw, "empty", "it is empty", "set api.base_url, e.g. https://api.openai.com/v1")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # raises ValueError for a port out of range or not a number
+    except ValueError as e:
+        raise BaseURLError(raw, "malformed", f"it cannot be parsed ({str(e).split(':')[0].lower()})",
+                           "write it as https://host[:port]/path with a port between 1 and 65535") from None
     if "://" not in text:
         guess = "https://" + text.lstrip("/")
         raise BaseURLError(raw, "no_scheme", "the scheme is missing (http:// or https://)",

@@ -82,7 +82,9 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     torch.manual_seed(info.seed + 1_000_003 * world.rank)
     base = _base_model(cfg, world, log)
     device = pick_device(cfg.training.device, world.local_rank)
-    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, world), world))
+    data_dir = Path(cfg.data.data_dir)
+    tasks = (get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir))  # not a checkpoint's fault
+    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, world), world, tasks))
     tr = None
     if resume and RunDir(run_dir).checkpoint_dirs():
         ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st), log=log)
@@ -112,15 +114,13 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
     return models
 
 
-def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World) -> Trainer:
+def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World, tasks: tuple) -> Trainer:
     t = cfg.training
     opt_a = torch.optim.AdamW(models.policy.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     opt_c = torch.optim.AdamW(models.value.parameters(), lr=cfg.vapo.value_learning_rate,
                               weight_decay=t.weight_decay) if models.value is not None else None
-    data_dir = Path(cfg.data.data_dir)
     return Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
-                   _warmup_constant(opt_c, t.warmup_steps) if opt_c else None,
-                   get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir),
+                   _warmup_constant(opt_c, t.warmup_steps) if opt_c else None, *tasks,
                    ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
                    NullLogger(), update_spec(cfg, world), world, random.Random(info.seed + 7 + world.rank))
 
