@@ -41,3 +41,26 @@ def write_workspace(folder: Path) -> tuple[Path, Path]:
     (folder / "settings.json").write_text(json.dumps(s))
     (folder / "config.toml").write_text((ROOT / "config.toml").read_text())
     return folder / "config.toml", folder / "settings.json"
+
+
+@pytest.fixture
+def runs_env(tmp_path, model_dir):
+    """(Files of a temp workspace whose runs go to tmp_path/logs, the RunManager over those runs)."""
+    from tools.paths import Files
+    from vapo_engine.config import load_settings
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.runs import runs_root
+    files = Files(*write_workspace(tmp_path))
+    return files, RunManager(runs_root(load_settings(files.settings), files.settings))
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def proj(tmp_path, monkeypatch):
+    """A project folder the in-memory MCP server's file environment points at (tests.mcp_helpers.project)."""
+    from tests.mcp_helpers import project
+    return project(tmp_path, monkeypatch)

@@ -9,20 +9,10 @@ import os
 import pytest
 from mcp import Client
 
-from tests.mcp_helpers import names_a_fix, project, slot_held, text
+from tests.mcp_helpers import names_a_fix, slot_held, text
 
 pytestmark = pytest.mark.anyio
 SECRET = "TOPSECRET-4242"
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def proj(tmp_path, monkeypatch):
-    return project(tmp_path, monkeypatch)
 
 
 @pytest.fixture

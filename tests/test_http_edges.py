@@ -21,17 +21,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.fake_openai import closed_port
-from tests.mcp_helpers import project, text
+from tests.mcp_helpers import text
 
 TOKEN = "t0ken-" + "k" * 30
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-@pytest.fixture
-def proj(tmp_path, monkeypatch):
-    return project(tmp_path, monkeypatch)
 
 
 @contextmanager

@@ -7,66 +7,41 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from tests.conftest import ROOT, write_workspace
-from tests.engine_helpers import FAST
+from tests.conftest import ROOT
+from tests.run_helpers import start, wait_for
 from vapo_engine.config import load_config, load_settings
 from vapo_engine.jobs import RunManager, State, outcome
 from vapo_engine.rundir import RunDir, proc_start_time
 from vapo_engine.runs import create_run
 
 
-@pytest.fixture
-def env(tmp_path, model_dir):
-    from tools.paths import Files
-    from vapo_engine.runs import runs_root
-    files = Files(*write_workspace(tmp_path))
-    return files, RunManager(runs_root(load_settings(files.settings), files.settings))
-
-
-def _start(files, model_dir, *extra) -> str:
-    from tools.training import start_training
-    over = [*FAST, f'model.local_path="{model_dir}"', "eval.eval_interval=1000", *extra]
-    return start_training(files, preset="cpu-demo", overrides=over).run.run_id
-
-
-def _wait(pred, timeout=120.0, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def test_force_stop_before_the_worker_holds_its_lock_kills_the_worker(env, model_dir):
-    files, mgr = env
-    rid = _start(files, model_dir, "training.total_steps=5000")
+def test_force_stop_before_the_worker_holds_its_lock_kills_the_worker(runs_env, model_dir):
+    files, mgr = runs_env
+    rid = start(files, model_dir, "training.total_steps=5000")
     rd = RunDir(mgr.get(rid).run_dir)
-    _wait(lambda: rd.attempts().get(rid, {}).get("worker_start"), what="the supervisor to start the worker")
+    wait_for(lambda: rd.attempts().get(rid, {}).get("worker_start"), what="the supervisor to start the worker")
     worker = rd.attempts()[rid]["worker_pid"]
     assert rd.writer() is None  # still importing torch: no lock, no worker.json yet
     rec = mgr.stop(rid, force=True)
     assert rec.state is State.STOPPED
-    _wait(lambda: not outcome.pid_alive(worker), timeout=10, what="the worker to die")
+    wait_for(lambda: not outcome.pid_alive(worker), timeout=10, what="the worker to die")
     time.sleep(1.0)
     assert rd.writer() is None and not rd.file("summary.json").exists()
 
 
-def test_stop_reaches_a_stray_worker_of_a_run_marked_terminal(env, model_dir):
-    files, mgr = env
-    rid = _start(files, model_dir, "training.total_steps=5000")
+def test_stop_reaches_a_stray_worker_of_a_run_marked_terminal(runs_env, model_dir):
+    files, mgr = runs_env
+    rid = start(files, model_dir, "training.total_steps=5000")
     rd = RunDir(mgr.get(rid).run_dir)
-    _wait(lambda: rd.writer() is not None, what="the worker's lock")
+    wait_for(lambda: rd.writer() is not None, what="the worker's lock")
     sup = mgr.get(rid).pid
     os.kill(sup, signal.SIGKILL)
-    _wait(lambda: not outcome.pid_alive(sup), what="the supervisor to die")
+    wait_for(lambda: not outcome.pid_alive(sup), what="the supervisor to die")
     assert mgr.registry.transition(rid, State.FAILED, "a state that lies")  # e.g. an old server's verdict
     worker = rd.writer()["pid"]
     rec = mgr.stop(rid, force=True)
     assert "stray worker was then force-stopped" in rec.message
-    _wait(lambda: rd.writer() is None, timeout=15, what="the stray worker to die")
+    wait_for(lambda: rd.writer() is None, timeout=15, what="the stray worker to die")
     assert not outcome.pid_alive(worker)
 
 

@@ -6,39 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import ROOT, write_workspace
-from tests.engine_helpers import FAST
+from tests.conftest import ROOT
+from tests.run_helpers import start, wait_for
 from vapo_engine.jobs import RunError, RunManager, State, outcome
 from vapo_engine.metrics import read_metrics
 from vapo_engine.rundir import RunDir
-
-
-@pytest.fixture
-def env(tmp_path, model_dir):
-    from tools.paths import Files
-    from vapo_engine.config import load_settings
-    from vapo_engine.runs import runs_root
-    files = Files(*write_workspace(tmp_path))
-    return files, RunManager(runs_root(load_settings(files.settings), files.settings))
-
-
-def _start(files, model_dir, *extra) -> str:
-    from tools.training import start_training
-    over = [*FAST, f'model.local_path="{model_dir}"', "eval.eval_interval=1000", *extra]
-    return start_training(files, preset="cpu-demo", overrides=over).run.run_id
-
-
-def _wait(pred, timeout=180.0, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _train_steps(run_dir) -> list[int]:
@@ -47,16 +22,16 @@ def _train_steps(run_dir) -> list[int]:
 
 def _kill_supervisor_only(mgr: RunManager, run_id: str) -> int:
     rec = mgr.get(run_id)
-    _wait(lambda: RunDir(rec.run_dir).writer() is not None, what="the worker's writer lock")
-    _wait(lambda: _train_steps(rec.run_dir), what="a first training step")
+    wait_for(lambda: RunDir(rec.run_dir).writer() is not None, what="the worker's writer lock")
+    wait_for(lambda: _train_steps(rec.run_dir), what="a first training step")
     os.kill(rec.pid, signal.SIGKILL)
-    _wait(lambda: not outcome.pid_alive(rec.pid), what="the supervisor to die")
+    wait_for(lambda: not outcome.pid_alive(rec.pid), what="the supervisor to die")
     return RunDir(rec.run_dir).writer()["pid"]
 
 
-def test_worker_outlives_its_supervisor_and_still_finishes(env, model_dir):
-    files, mgr = env
-    rid = _start(files, model_dir, "training.total_steps=40")
+def test_worker_outlives_its_supervisor_and_still_finishes(runs_env, model_dir):
+    files, mgr = runs_env
+    rid = start(files, model_dir, "training.total_steps=40")
     worker = _kill_supervisor_only(mgr, rid)
     mgr.tick()
     rec = mgr.get(rid)
@@ -64,15 +39,15 @@ def test_worker_outlives_its_supervisor_and_still_finishes(env, model_dir):
     assert f"worker (pid {worker}) is still training" in rec.message
     with pytest.raises(RunError, match="only failed or stopped runs can be resumed"):
         mgr.resume(rid)
-    _wait(lambda: mgr.wait(rid, timeout=1, poll=0.2).state.terminal, timeout=300, what="the run to end")
+    wait_for(lambda: mgr.wait(rid, timeout=1, poll=0.2).state.terminal, timeout=300, what="the run to end")
     rec = mgr.get(rid)
     assert rec.state is State.SUCCEEDED and "finished 40 steps" in rec.message, rec.message
     assert _train_steps(rec.run_dir) == list(range(1, 41))  # one writer: never backwards, never twice
 
 
-def test_stop_reaches_a_worker_whose_supervisor_died_and_no_second_writer_starts(env, model_dir):
-    files, mgr = env
-    rid = _start(files, model_dir, "training.total_steps=5000")
+def test_stop_reaches_a_worker_whose_supervisor_died_and_no_second_writer_starts(runs_env, model_dir):
+    files, mgr = runs_env
+    rid = start(files, model_dir, "training.total_steps=5000")
     worker = _kill_supervisor_only(mgr, rid)
     run_dir = mgr.get(rid).run_dir
     # a second trainer on the same directory refuses to start while the lock is held
@@ -81,7 +56,7 @@ def test_stop_reaches_a_worker_whose_supervisor_died_and_no_second_writer_starts
     assert r.returncode == 2 and f"another worker (pid {worker}) is writing run directory" in r.stderr
     view = mgr.stop(rid)
     assert view.state is State.RUNNING and f"stop requested from the worker (pid {worker})" in view.message
-    _wait(lambda: mgr.wait(rid, timeout=1, poll=0.2).state.terminal, timeout=180, what="the stop")
+    wait_for(lambda: mgr.wait(rid, timeout=1, poll=0.2).state.terminal, timeout=180, what="the stop")
     rec = mgr.get(rid)
     assert rec.state is State.STOPPED and "resume_run continues from the checkpoint at step" in rec.message
     steps = _train_steps(run_dir)
@@ -90,12 +65,12 @@ def test_stop_reaches_a_worker_whose_supervisor_died_and_no_second_writer_starts
         mgr.stop(rid)
 
 
-def test_dead_supervisor_and_dead_worker_fail_with_the_resume_path(env, model_dir):
-    files, mgr = env
-    rid = _start(files, model_dir, "training.total_steps=5000")
+def test_dead_supervisor_and_dead_worker_fail_with_the_resume_path(runs_env, model_dir):
+    files, mgr = runs_env
+    rid = start(files, model_dir, "training.total_steps=5000")
     worker = _kill_supervisor_only(mgr, rid)
     os.kill(worker, signal.SIGKILL)
-    _wait(lambda: RunDir(mgr.get(rid).run_dir).writer() is None, what="the lock to be released")
+    wait_for(lambda: RunDir(mgr.get(rid).run_dir).writer() is None, what="the lock to be released")
     assert rid in mgr.recover()
     rec = mgr.get(rid)
     assert rec.state is State.FAILED and "died without reporting" in rec.message

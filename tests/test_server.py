@@ -21,11 +21,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def workspace(tmp_path, monkeypatch):
     """settings/config in tmp (runs under tmp/logs), the server's file env pointing at them, a canary key."""
     write_workspace(tmp_path)

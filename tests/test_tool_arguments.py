@@ -6,19 +6,9 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from tests.mcp_helpers import LEAKS, names_a_fix, project, text
+from tests.mcp_helpers import LEAKS, names_a_fix, text
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def proj(tmp_path, monkeypatch):
-    return project(tmp_path, monkeypatch)
 
 
 CASES = [  # (tool, arguments, words the message must contain)
