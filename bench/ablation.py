@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
+from stats import welch_ci
 
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
@@ -37,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.90, help="greedy held-out accuracy target")
     p.add_argument("--variants", default=",".join(ROWS), help="variant names (vapo_engine.variants)")
     p.add_argument("--reuse", default=None, help="records (comma-separated JSON paths) whose matching runs are reused")
+    p.add_argument("--preset", default=common.PRESET, help="preset of every row (cpu-demo: builtin:addition; "
+                   "chain-demo: builtin:chain, where the long end is the headline metric)")
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
@@ -50,7 +53,7 @@ def plan(args) -> tuple[int, list[int], int, tuple[str, ...]]:
     return steps, seeds, args.eval_interval or max(1, steps // 8), ()
 
 
-def reusable(paths: str | None, steps: int, every: int) -> dict[tuple[str, int], dict]:
+def reusable(paths: str | None, steps: int, every: int, preset: str = common.PRESET) -> dict[tuple[str, int], dict]:
     """Runs of other records (comma-separated paths) trained with exactly this budget and no extra overrides,
     by (variant, seed); the first path that has a run wins."""
     found: dict[tuple[str, int], dict] = {}
@@ -58,7 +61,7 @@ def reusable(paths: str | None, steps: int, every: int) -> dict[tuple[str, int],
         rec = json.loads(Path(path).read_text(encoding="utf-8"))
         cfg = rec.get("config", {})
         if (cfg.get("steps") != steps or cfg.get("eval_interval") != every or cfg.get("extra_overrides")
-                or cfg.get("smoke") or cfg.get("mode") == "smoke"):
+                or cfg.get("smoke") or cfg.get("mode") == "smoke" or cfg.get("preset", common.PRESET) != preset):
             continue
         for r in rec.get("runs", []):
             found.setdefault((r["variant"], r["seed"]), {**r, "reused_from": r.get("reused_from", path)})
@@ -67,12 +70,20 @@ def reusable(paths: str | None, steps: int, every: int) -> dict[tuple[str, int],
 
 def summarize(runs: list[dict], variants: list[str], target: float) -> list[dict]:
     base = common.spread([r["final_greedy"] for r in runs if r["variant"] == "vapo"])["mean"]
+    ref = [r for r in runs if r["variant"] == "vapo"]
     rows = []
     for v in variants:
         mine = [r for r in runs if r["variant"] == v]
         g = common.spread([r["final_greedy"] for r in mine])
+        deltas = {f"vs_vapo_{k}": welch_ci([r.get(k) for r in mine], [r.get(k) for r in ref])
+                  for k in ("final_greedy", "final_greedy_long", "final_sampled") if any(k in r for r in mine)}
         rows.append({"variant": v, "description": VARIANTS[v].description, "paper_aime24": VARIANTS[v].paper_aime,
                      "final_greedy": g, "final_sampled": common.spread([r["final_sampled"] for r in mine]),
+                     **{f"final_greedy_{b}": common.spread([r.get(f"final_greedy_{b}") for r in mine])
+                        for b in ("short", "mid", "long") if any(f"final_greedy_{b}" in r for r in mine)},
+                     "start_greedy_long": common.spread([(r["curve"][0] if r["curve"] else {}).get("greedy_long")
+                                                         for r in mine]),
+                     **deltas,
                      "delta_greedy_vs_vapo": None if base is None or g["mean"] is None else round(g["mean"] - base, 4),
                      "steps_to_target": [common.steps_to_target(r["curve"], target) for r in mine],
                      "mean_explained_var": common.spread([r["mean_explained_var"] for r in mine])["mean"],
@@ -91,8 +102,10 @@ def save(args, meta: dict, runs: list[dict], t0: float, load0, complete: bool):
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
                             "arXiv 2504.05118); a different model and benchmark, shown for orientation only",
               "table": rows, "runs": runs}
-    path = common.save_training_record("ablation", record, args.out, runs, done,
-                                       f"VAPO ablation, built-in addition, {meta['steps']} steps, seeds {meta['seeds']}")
+    name = "ablation" if meta["preset"] == common.PRESET else f"ablation_{meta['preset'].removesuffix('-demo')}"
+    path = common.save_training_record(name, record, args.out, runs, done,
+                                       f"VAPO ablation, preset {meta['preset']}, {meta['steps']} steps, "
+                                       f"seeds {meta['seeds']}")
     return path, rows
 
 
@@ -100,15 +113,15 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     steps, seeds, every, extra = plan(args)
     variants = [v for v in args.variants.split(",") if v]
-    old = reusable(args.reuse, steps, every) if not args.smoke else {}
+    old = reusable(args.reuse, steps, every, args.preset) if not args.smoke else {}
     t0, load0, runs = time.time(), common.load_avg(), []
-    meta = {"preset": common.PRESET, "mode": "smoke" if args.smoke else ("reduced" if args.reduced else "full"),
+    meta = {"preset": args.preset, "mode": "smoke" if args.smoke else ("reduced" if args.reduced else "full"),
             "steps": steps, "seeds": seeds, "eval_interval": every, "target_greedy": args.target,
             "variants": variants, "extra_overrides": list(extra), "reuse": args.reuse}
     total = len(seeds) * len(variants)
     for seed in seeds:
         for v in variants:
-            r = old.get((v, seed)) or common.run_variant(v, seed, steps, every, extra)
+            r = old.get((v, seed)) or common.run_variant(v, seed, steps, every, extra, preset=args.preset)
             runs.append(r)
             tag = " (reused)" if "reused_from" in r else ""
             print(f"{v:>20} seed {seed}: greedy {r['curve'][0]['greedy']:.3f} -> {r['final_greedy']:.3f}, "

@@ -47,13 +47,13 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [".venv/bin/python", *argv, *sys.argv[1:]])
 
 
-def load_bench_config(variant: str, extra: list[str] | tuple[str, ...] = ()):
-    """config.toml + cpu-demo preset + the variant's overrides + `extra`; returns (config, overrides)."""
+def load_bench_config(variant: str, extra: list[str] | tuple[str, ...] = (), preset: str = PRESET):
+    """config.toml + the preset + the variant's overrides + `extra`; returns (config, overrides)."""
     from vapo_engine.config import load_config
     from vapo_engine.variants import get_variant
-    base = load_config(REPO / "config.toml", list(extra), preset=PRESET)
+    base = load_config(REPO / "config.toml", list(extra), preset=preset)
     overrides = [*get_variant(variant).apply(base), *extra]
-    return load_config(REPO / "config.toml", overrides, preset=PRESET), overrides
+    return load_config(REPO / "config.toml", overrides, preset=preset), overrides
 
 
 def settings_with_seed(seed: int):
@@ -63,31 +63,35 @@ def settings_with_seed(seed: int):
 
 
 def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: tuple[str, ...] = (),
-                log=None) -> dict:
+                log=None, preset: str = PRESET) -> dict:
     """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time)."""
     from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
     over = (f"training.total_steps={steps}", f"eval.eval_interval={eval_interval}",
             f"eval.save_interval={10 * steps}", *extra)
-    config, overrides = load_bench_config(variant, over)
+    config, overrides = load_bench_config(variant, over, preset)
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
         info = create_run(config, settings_with_seed(seed), Path(tmp), run_id=f"{variant}-s{seed}",
-                          overrides=overrides, preset=PRESET)
+                          overrides=overrides, preset=preset)
         t0 = time.perf_counter()
         summary = train(info.run_dir, log=log or (lambda s: None))
         wall = time.perf_counter() - t0
         records = RunDir(info.run_dir).metrics()
+    final = summary["final_eval"]
     return {"variant": variant, "seed": seed, "steps": summary.get("steps"), "wall_s": round(wall, 1),
             "overrides": overrides, "curve": eval_curve(records), **train_stats(records),
-            "final_greedy": summary["final_eval"].get("eval/greedy_accuracy"),
-            "final_sampled": summary["final_eval"].get("eval/sampled_accuracy")}
+            "final_greedy": final.get("eval/greedy_accuracy"), "final_sampled": final.get("eval/sampled_accuracy"),
+            **{f"final_greedy_{b}": final[f"eval/greedy_accuracy_{b}"] for b in ("short", "mid", "long")
+               if f"eval/greedy_accuracy_{b}" in final}}
 
 
 def eval_curve(records: list[dict]) -> list[dict]:
     """[{step, greedy, sampled}] from the eval records, in step order."""
     pts = [{"step": int(r["step"]), "greedy": r.get("eval/greedy_accuracy"),
-            "sampled": r.get("eval/sampled_accuracy")} for r in records if r.get("kind") == "eval"]
+            "sampled": r.get("eval/sampled_accuracy"),
+            **{f"greedy_{b}": r[f"eval/greedy_accuracy_{b}"] for b in ("short", "mid", "long")
+               if f"eval/greedy_accuracy_{b}" in r}} for r in records if r.get("kind") == "eval"]
     return sorted(pts, key=lambda p: p["step"])
 
 
@@ -104,7 +108,8 @@ def train_stats(records: list[dict]) -> dict:
             "mean_lambda_policy": _mean_of(records, "vapo/lambda_policy_mean"),
             "mean_no_signal_groups": _mean_of(records, "rollout/no_signal_groups"),
             "mean_train_accuracy": _mean_of(records, "rollout/accuracy"),
-            "mean_step_time_s": _mean_of(records, "perf/step_time_s")}
+            "mean_step_time_s": _mean_of(records, "perf/step_time_s"),
+            "pretrain_rounds": sum(1 for r in records if r.get("kind") == "pretrain")}
 
 
 def _last(records: list[dict], name: str, kind: str) -> float | None:

@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a few seconds: 2 steps, tiny batch (tests)")
     ap.add_argument("--out", help="folder for the JSON record (default bench/results)")
     args = ap.parse_args()
-    from vapo_engine.trainer.tiny_model import builtin_model_dir
+    from vapo_engine.builtin_model import builtin_model_dir
     builtin_model_dir(log=lambda m: print(m, flush=True))  # build/cache outside the timed part
     steps = 2 if args.smoke else args.steps
     rows = [scenario(s, steps, args.smoke) for s in ("alone", "two-naive", "two-sized")]

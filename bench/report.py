@@ -119,22 +119,43 @@ def ablation(rec: dict) -> str:
 
 
 def concurrency(rec: dict) -> str:
-    lines = ["| scenario | runs at once | threads per run | OpenMP wait | rollout-step time per run (s; 128 samples + 4 updates) | "
-             "vs alone | wall (s) | load average start → end |", "|---|---|---|---|---|---|---|---|"]
+    head = ("| scenario | runs at once | threads per run | OpenMP wait | rollout-step time per run (s; 128 samples "
+            "+ 4 updates) | vs alone | wall (s) | load average start → end |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rec["rows"]:
         lines.append(f"| {r['scenario']} | {r['runs']} | {r['threads']} | {r['wait_policy']} | "
                      f"{', '.join(f'{t:.2f}' for t in r['step_time_s_per_run'])} | {r['step_time_vs_alone']:.2f}× | "
                      f"{r['wall_s']:.0f} | {r['load_avg_start']} → {r['load_avg_end']} |")
     m = rec["machine"]
-    lines += ["", f"Two runs at once: the run manager's thread budget makes a step {rec['naive_over_sized']:.2f}× "
-              f"faster than torch's defaults. {rec['steps']} cpu-demo policy steps per run (first rollout step excluded).",
-              "", f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; `{rec['command']}` "
-              f"({rec['date_utc']})*"]
+    summary = (f"Two runs at once: the run manager's thread budget makes a step {rec['naive_over_sized']:.2f}× faster "
+               f"than torch's defaults. {rec['steps']} cpu-demo policy steps per run (first rollout step excluded).")
+    footer = f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; `{rec['command']}` ({rec['date_utc']})*"
+    lines += ["", summary, "", footer]
+    return "\n".join(lines)
+
+
+def trl_side_by_side(rec: dict) -> str:
+    c, n = rec["config"], rec["config"]["points"]
+    lines = [(f"| side | s / optimizer step | vs TRL GRPO | greedy start → final | step to +{n:g} points | "
+              f"training s to +{n:g} points | training s total | of which value pretraining |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for side, s in rec["summary"].items():
+        lines.append(f"| {side} | {s['s_per_opt_step']:.3f} | {rec['ratio_vs_trl_grpo'][side]['s_per_opt_step']:.2f}× | "
+                     f"{_f(s['start_greedy'])} → {_f(s['final_greedy'])} | {s['step_to_target'] or '—'} | "
+                     f"{_f(s['train_s_to_target'], 1)} | {s['train_s_total']:.1f} | {s['value_pretrain_s']:.1f} |")
+    v = c["versions"]
+    note = (f"{c['task']}, preset {c['preset']}, {c['steps']} optimizer steps of {c['mini_batch_size']} responses "
+            f"({c['opt_steps_per_rollout']} per rollout of {c['batch_size']}), eval every ~{c['eval_interval']} steps "
+            f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, one run per side; TRL {v['trl']}, "
+            f"accelerate {v['accelerate']}; — = not reached.")
+    lines += ["", note, "", _machine(rec)]
     return "\n".join(lines)
 
 
 RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
-          "concurrency": concurrency}
+          "concurrency": concurrency, "trl_side_by_side": trl_side_by_side}
+OPTIONAL = {"trl_side_by_side"}
+"""Records of optional extras: left out of the report, not flagged, when missing."""
 
 
 def render(results: Path = RESULTS) -> str:
@@ -143,7 +164,7 @@ def render(results: Path = RESULTS) -> str:
         path = results / f"{name}.json"
         if path.is_file():
             parts.append(f"### {name.replace('_', ' ')}\n\n" + fn(json.loads(path.read_text(encoding="utf-8"))))
-        else:
+        elif name not in OPTIONAL:
             parts.append(f"### {name.replace('_', ' ')}\n\n(no record: run `bench/{name}.py`)")
     return "\n\n".join(parts) + "\n"
 

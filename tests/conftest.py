@@ -30,7 +30,7 @@ def clean_env(monkeypatch):
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny untrained Qwen2 model directory (hidden 32, 2 layers), saved with save_pretrained."""
-    from vapo_engine.trainer.tiny_model import make_model_dir
+    from vapo_engine.builtin_model import make_model_dir
     return make_model_dir(tmp_path_factory.mktemp("tiny") / "model", hidden=32, layers=2, heads=2, seed=0)
 
 

@@ -112,3 +112,18 @@ def test_explained_variance_perfect_and_undefined_cases():
     const = torch.full_like(target, 0.3)
     assert math.isnan(explained_variance(target, const, mask).item())
     assert math.isnan(explained_variance(target, target, torch.zeros_like(mask)).item())
+
+
+def test_ev_of_an_all_zero_reward_batch_is_undefined_not_huge():
+    """λ = 1 returns of an all-zero-reward batch keep float32 residue (~1e-8); the EV must be nan, not −1e13."""
+    import math
+
+    from vapo_engine.algo import ev_from_stats, ev_stats
+    g = torch.Generator().manual_seed(0)
+    targets = (torch.randn(8, 30, generator=g) * 3e-8).float()  # residue around 0
+    values = torch.randn(8, 30, generator=g) * 0.3
+    mask = torch.ones(8, 30)
+    assert math.isnan(float(ev_from_stats(ev_stats(values, targets, mask))))
+    real = torch.zeros(8, 30)
+    real[:4] = 1.0  # half the sequences succeed: a well-defined EV
+    assert math.isfinite(float(ev_from_stats(ev_stats(values, real, mask))))

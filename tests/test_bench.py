@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cached() -> bool:
-    from vapo_engine.trainer.tiny_model import BuildRecipe, cache_root, is_complete
+    from vapo_engine.builtin_model import BuildRecipe, cache_root, is_complete
     return is_complete(cache_root() / BuildRecipe().folder_name())
 
 

@@ -205,3 +205,32 @@ def test_key_pasted_as_env_name_is_redacted_in_errors(project):
     with pytest.raises(ConfigError) as ei:
         load_settings(p)
     assert CANARY_KEY not in str(ei.value) and "api.api_key_env" in str(ei.value)
+
+
+def test_every_ablation_is_one_visible_decision():
+    """Each variant changes the derived decisions it names (and nothing else of VAPO's); ppo_clip is
+    reachable from the config; the decisions are written into config.json and read back."""
+    from vapo_engine.variants import VARIANTS
+    base = load_config(ROOT / "config.toml", preset="cpu-demo")
+    d0 = base.decisions.model_dump()
+    expect = {"no_value_pretrain": {"value_pretrain_steps"}, "no_decoupled_gae": {"estimator", "lambda_critic"},
+              "no_length_adaptive": {"lambda_policy"}, "no_clip_higher": {"policy_loss", "clip_high"},
+              "no_token_level_loss": {"loss_reduction"}, "no_positive_lm": {"positive_lm_coef", "positive_replay"},
+              "no_positive_replay": {"positive_replay"}, "no_group_sampling": set()}
+    for name, fields in expect.items():
+        cfg = load_config(ROOT / "config.toml", VARIANTS[name].apply(base), preset="cpu-demo")
+        changed = {k for k, v in cfg.decisions.model_dump().items() if v != d0[k]}
+        assert changed == fields, (name, changed)
+    off = load_config(ROOT / "config.toml", VARIANTS["no_clip_higher"].apply(base), preset="cpu-demo").decisions
+    assert off.policy_loss == "ppo_clip" and off.clip_high == off.clip_low == 0.2
+    grpo = load_config(ROOT / "config.toml", VARIANTS["grpo"].apply(base), preset="cpu-demo").decisions
+    assert grpo.estimator == "grpo" and not grpo.uses_critic and grpo.value_pretrain_steps == 0
+    dumped = base.model_dump(mode="json")
+    assert dumped["decisions"] == d0 and TrainConfig.model_validate(dumped).decisions == base.decisions
+
+
+def test_clip_range_high_is_only_checked_when_clip_higher_is_on():
+    cfg = load_config(ROOT / "config.toml", ["vapo.clip_higher=false", "vapo.clip_range_high=0.1"])
+    assert cfg.decisions.policy_loss == "ppo_clip"
+    with pytest.raises(ConfigError, match="clip_range_high"):
+        load_config(ROOT / "config.toml", ["vapo.clip_range_high=0.1"])

@@ -49,7 +49,7 @@ def make_run(root: Path, *, config: dict | None = None, steps: int = 60,
     for section, values in {**CPU_DEMO, **(config or {})}.items():
         cfg[section].update(CPU_DEMO.get(section, {}) | values)
     cfg["training"]["total_steps"] = max(cfg["training"]["total_steps"], steps)
-    TrainConfig.model_validate(cfg)
+    cfg = TrainConfig.model_validate(cfg).model_dump(mode="json")  # with the decisions these values imply
     (run / "config.json").write_text(json.dumps(cfg, indent=2))
     (run / "run.json").write_text(json.dumps({"run_id": run.name, "experiment": "exp", "seed": 42}))
     rng, records, log = random.Random(0), [], []
@@ -144,7 +144,7 @@ TRAINING_CASES: dict[str, tuple] = {
                                                    "loss_reduction": "seq_mean_token_mean"}},
                              train=flat_length), {},
         ["rollout/response_length 29.6 → 27.4 tokens (-8%)", "rollout/reward_mean 0.31 → 0.30",
-         "vapo.token_level_loss = false"], ['loss_reduction = "token_mean"; now seq_mean_token_mean']),
+         "decisions.loss_reduction = seq_mean_token_mean"], ['loss_reduction = "token_mean"; now seq_mean_token_mean']),
     "train-no-signal": (
         lambda tmp: make_run(tmp, train=upd(**{"rollout/no_signal_groups": 0.9, "rollout/accuracy": 0.95})),
         {},
@@ -152,12 +152,12 @@ TRAINING_CASES: dict[str, tuple] = {
     "train-value-collapse": (
         lambda tmp: make_run(tmp, config={"vapo": {"value_pretrain_steps": 0}}, pretrain=False,
                              train=lambda t, m: {**m, "critic/explained_var": 0.2 - 0.5 * t / 60}), {},
-        ["critic/explained_var = -0.2", "vapo.value_pretrain_steps = 0"], ["value_pretrain_steps = 50"]),
+        ["critic/explained_var = -0.2", "decisions.value_pretrain_steps = 0"], ["value_pretrain_steps = 50"]),
     "train-entropy-collapse": (
         lambda tmp: make_run(tmp, config={"vapo": {"clip_range_high": 0.2}},
                              train=lambda t, m: {**m, "actor/entropy": 1.5 * math.exp(-t / 15)}), {},
-        ["actor/entropy 1.", "of its start", "vapo.clip_range_high = 0.2 ≤ training.clip_range = 0.2"],
-        ["clip_range_high = 0.28 (now 0.2"]),
+        ["actor/entropy 1.", "of its start", "decisions.policy_loss = ppo_clip"],
+        ["vapo.clip_higher = true with vapo.clip_range_high = 0.28 (now ε_high 0.2"]),
     "train-nan": (
         lambda tmp: make_run(tmp, train=nan_after_41, status=None), {},
         ["metrics.jsonl holds 80 non-finite values; first: actor/entropy = nan at train step 41",

@@ -34,7 +34,7 @@ def test_every_variant_runs_and_writes_metrics_and_checkpoint(tmp_path, model_di
     assert (run_dir / "checkpoints" / "step-0000003" / "policy" / "model.safetensors").is_file()
     has_value = variant not in ("grpo", "dapo")
     assert (run_dir / "checkpoints" / "step-0000003" / "value").is_dir() == has_value
-    assert ("critic/explained_var" in train_recs[0]) == has_value
+    assert ("critic/value_loss" in train_recs[0]) == has_value  # EV itself is omitted when undefined (all-0 reward)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
 
 
@@ -65,7 +65,8 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
     from vapo_engine.trainer.loop import _collect
     from vapo_engine.trainer.setup import build_trainer
     from vapo_engine.trainer.update import update_step
-    tr = build_trainer(make_run(tmp_path, model_dir, ["vapo.value_learning_rate=1e-3"]), write=False)
+    tr = build_trainer(make_run(tmp_path, model_dir, ["vapo.value_learning_rate=1e-3", "training.warmup_steps=0"]),
+                       write=False)
     torch.manual_seed(1)
     ro = monte_carlo_returns(_collect(tr))
     ro.scores[: ro.size // 2] = 1.0  # give the fixed batch a learnable signal: first half "correct"
@@ -79,7 +80,7 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
             return float(value_loss(response_values(tr.models.value, ro), ro.values, ro.returns,
                                     ro.response_mask)[0])
     before = loss()
-    for _ in range(10):
+    for _ in range(20):  # the fresh head starts at zero: the first steps move mostly the head
         update_step(tr.models, tr.opt_actor, tr.opt_critic, ro, None, tr.spec, train_actor=False)
     assert loss() < 0.5 * before
 

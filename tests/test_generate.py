@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from vapo_engine.rollout.generate import Generation, generate, mask_after_eos, response_lengths
-from vapo_engine.trainer.tiny_model import make_model_dir
+from vapo_engine.builtin_model import make_model_dir
 
 PROMPTS = ["1+1=", "0047+0385=", "hello, world: ", "9", "The quick brown fox jumps over"]
 

@@ -207,3 +207,50 @@ def test_unknown_builtin_lists_valid_names(tmp_path):
     assert all(name in str(e.value) for name in builtin_task_names())
     with pytest.raises(TaskError):
         get_task("  ", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------- builtin:chain
+
+
+def test_chain_reference_solutions_are_correct_and_lengths_vary_tenfold():
+    import random
+
+    from vapo_engine.tasks import get_task
+    task = get_task("builtin:chain")
+    probs = task.train_batch(300, random.Random(1))
+    lengths = []
+    for p in probs:
+        sol = task.solve(p.prompt)
+        assert task.reward(sol, p.answer) == 1.0 and task.reward(sol[:-1] + "x", p.answer) == 0.0
+        lines = sol.split("\n")[:-1]
+        assert len(lines) == task.steps_of(p.prompt) and all(len(x) == 9 for x in lines)  # fixed-width lines
+        lengths.append(len(sol) + 1)  # + EOS, one token per character with the built-in tokenizer
+    assert min(lengths) <= 15 and max(lengths) >= 150 and max(lengths) / min(lengths) >= 10
+    assert max(lengths) <= task.max_new_tokens
+
+
+def test_chain_heldout_covers_every_step_count_and_never_meets_training():
+    import random
+
+    from vapo_engine.tasks import get_task
+    task = get_task("builtin:chain")
+    held = task.heldout(60)
+    assert len({p.prompt for p in held}) == 60
+    counts = [task.steps_of(p.prompt) for p in held]
+    assert {c: counts.count(c) for c in set(counts)} == {c: 3 for c in range(1, 21)}
+    assert {task.bucket(p) for p in held} == {"short", "mid", "long"}
+    train = {p.prompt for p in task.train_batch(3000, random.Random(2))}
+    assert not train & {p.prompt for p in held}
+
+
+def test_chain_warm_start_draw_is_mostly_short_and_steps_are_locally_checkable():
+    import random
+
+    from vapo_engine.tasks import get_task
+    task = get_task("builtin:chain")
+    draw = task.sft_batch(600, random.Random(3))
+    share = sum(task.bucket(p) == "short" for p in draw) / len(draw)
+    assert 0.5 < share < 0.7 and any(task.bucket(p) == "long" for p in draw)
+    p = draw[0]
+    sol = task.solve(p.prompt)
+    assert task.on_path(p.prompt, sol[:12]) and not task.on_path(p.prompt, sol[:2] + ("0" if sol[2] != "0" else "1"))

@@ -13,10 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vapo_engine.tasks import AdditionTask, get_task
-from vapo_engine.trainer import tiny_model
-from vapo_engine.trainer.sft import encode_sft_batch, evaluate, sft_warm_start
-from vapo_engine.trainer.tiny_model import (
+from vapo_engine.builtin_model import (
     DONE_MARKER,
     BuildRecipe,
     build_tokenizer,
@@ -27,6 +24,9 @@ from vapo_engine.trainer.tiny_model import (
     make_model,
     make_model_dir,
 )
+from vapo_engine.builtin_model import build as tiny_model
+from vapo_engine.builtin_model.sft import encode_sft_batch, evaluate, sft_warm_start
+from vapo_engine.tasks import AdditionTask, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"hidden": 32, "layers": 1, "heads": 2}
@@ -103,10 +103,10 @@ def test_few_sft_steps_reduce_loss(tokenizer):
 def test_evaluate_counts_correct_responses(tokenizer, monkeypatch):
     task = get_task("builtin:addition")
     problems = task.heldout(4)
-    from vapo_engine.trainer import sft
+    from vapo_engine.rollout import evaluate as rollout_evaluate
 
     texts = [task.reference_solution(problems[0]), "junk", task.reference_solution(problems[2]), ";1"]
-    monkeypatch.setattr(sft, "generate", lambda *a, **k: SimpleNamespace(texts=texts))
+    monkeypatch.setattr(rollout_evaluate, "generate", lambda *a, **k: SimpleNamespace(texts=texts))
     assert evaluate(None, tokenizer, task, problems, max_new_tokens=5) == 0.5
     assert evaluate(None, tokenizer, task, [], max_new_tokens=5) == 0.0
 
@@ -191,7 +191,7 @@ def test_concurrent_builder_that_loses_the_rename_uses_the_winner(tmp_path, monk
 
 def test_two_processes_building_at_once_share_one_build(tmp_path):
     code = ("import json, sys\n"
-            "from vapo_engine.trainer.tiny_model import builtin_model_dir\n"
+            "from vapo_engine.builtin_model import builtin_model_dir\n"
             f"kw = json.loads({json.dumps(json.dumps(TINY_BUILD))})\n"
             "print('DIR', builtin_model_dir(sys.argv[1], **kw))\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,

@@ -81,15 +81,20 @@ def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainC
 
 
 def start_training(f: Files, *, preset: str | None = None, overrides: list[str] = (), tags: list[str] = (),
-                   group_id: str | None = None, variant: str | None = None) -> StartResult:
-    """Validate config + preset + overrides and the datasets, then queue the run."""
+                   group_id: str | None = None, variant: str | None = None, value_only: bool = False,
+                   value_out: str | None = None) -> StartResult:
+    """Validate config + preset + overrides and the datasets, then queue the run. `value_only`: value
+    pretraining alone, saving the value model (to `value_out`, default `<run dir>/value_model`)."""
     cfg = prepare_config(f, preset, list(overrides))
+    if value_only and not cfg.decisions.uses_critic:
+        raise ToolInputError("this config trains no value model (training.algorithm = grpo); use vapo or ppo")
+    extra = {"mode": "value_pretrain", "value_out": value_out} if value_only else {}
     return _submit(f, cfg, preset=preset, overrides=list(overrides), tags=list(tags), group_id=group_id,
-                   variant=variant)
+                   variant=variant, extra=extra)
 
 
 def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[str], tags: list[str],
-            group_id: str | None, variant: str | None) -> StartResult:
+            group_id: str | None, variant: str | None, extra: dict | None = None) -> StartResult:
     """Create the run directory of an already validated config and hand it to the run manager."""
     mgr, settings = manager_for(f)
     if tags:
@@ -97,7 +102,8 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
         settings = settings.model_copy(update={"experiment": exp})
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
-                      preset=preset, extra={"group_id": group_id, "variant": variant}, secrets=[channel.key])
+                      preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
+                      secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
     return StartResult(run=_view(rec), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "

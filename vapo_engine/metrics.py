@@ -24,14 +24,23 @@ CATALOGUE: dict[str, str] = {
     "actor/lr": "actor learning rate",
     # critic
     "critic/value_loss": "value loss (0.5 · squared error to the critic targets)",
-    "critic/explained_var": "explained variance of the value predictions vs the critic targets (global)",
+    "critic/explained_var": "explained variance of the value predictions vs Monte-Carlo returns (λ = 1), the same "
+                            "target in every run so ablation rows compare; omitted when undefined (constant returns)",
+    "critic/explained_var_targets": "explained variance vs the targets the critic trains on (λ_critic, or λ_policy "
+                                    "without Decoupled-GAE)",
     "critic/vf_clipfrac": "fraction of value predictions clipped (value_clip_range > 0)",
     "critic/value_mean": "mean predicted value over valid tokens",
     "critic/return_mean": "mean critic target over valid tokens",
     "critic/grad_norm": "critic gradient norm before clipping",
     "critic/lr": "critic learning rate",
     "critic/pretrain_value_loss": "value loss during value pretraining (frozen initial policy, λ = 1 targets)",
-    "critic/pretrain_explained_var": "explained variance during value pretraining",
+    "critic/pretrain_explained_var": "held-out explained variance of value pretraining: measured on each fresh "
+                                     "rollout before the critic trains on it",
+    "critic/pretrain_updates": "critic optimizer steps in the value-pretraining round",
+    **{f"critic/pretrain_ev_pos_q{q}": f"value pretraining: held-out EV over the {w} quarter of each response"
+       for q, w in ((1, "first"), (2, "second"), (3, "third"), (4, "last"))},
+    **{f"critic/pretrain_ev_len_{b}": f"value pretraining: held-out EV over {b} responses ({r} tokens)"
+       for b, r in (("short", "≤ 48"), ("mid", "49–120"), ("long", "> 120"))},
     # rollout
     "rollout/reward_mean": "mean sequence reward of the rollout batch",
     "rollout/accuracy": "fraction of sampled responses that are correct",
@@ -53,6 +62,8 @@ CATALOGUE: dict[str, str] = {
     "eval/greedy_accuracy": "held-out accuracy with greedy decoding",
     "eval/sampled_accuracy": "held-out avg@k accuracy with sampling at the rollout temperature",
     "eval/response_length": "mean greedy response length on the held-out set",
+    **{f"eval/{kind}_accuracy_{b}": f"held-out {kind} accuracy on the task's {b} problems (tasks with buckets)"
+       for kind in ("greedy", "sampled") for b in ("short", "mid", "long")},
     # perf
     "perf/step_time_s": "wall time of the whole rollout step (generation + updates)",
     "perf/rollout_time_s": "wall time of generation + scoring",

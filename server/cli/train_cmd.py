@@ -28,13 +28,27 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="RUN_ID", help="continue this run from its newest checkpoint")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.set_defaults(func=run)
+    v = sub.add_parser("pretrain-value", help="value pretraining only; saves a value model that runs start from "
+                       "(--set model.value_path=DIR)")
+    add_file_options(v)
+    v.add_argument("--preset", help=f"a built-in preset ({', '.join(preset_names())}) or a .toml of overrides")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    v.add_argument("--out", help="folder for the value model (default: <run dir>/value_model)")
+    v.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    v.set_defaults(func=pretrain_value, tag=[], resume=None)
 
 
-def run(args) -> int:
+def pretrain_value(args) -> int:
+    """A managed run that only pretrains the value model and saves it (see trainer.critic)."""
+    out = str(Path(args.out).expanduser().resolve()) if args.out else None
+    return run(args, value_out=out, value_only=True)
+
+
+def run(args, **mode) -> int:
     f = files(args.config, args.settings)
     try:
         view = resume_run(f, args.resume) if args.resume else \
-            start_training(f, preset=args.preset, overrides=args.set, tags=args.tag).run
+            start_training(f, preset=args.preset, overrides=args.set, tags=args.tag, **mode).run
     except (RunError, ToolInputError) as e:
         raise UserError(str(e)) from None
     print(f"run {view.run_id}: {view.run_dir}", flush=True)
@@ -85,6 +99,9 @@ def _print_new(log: Path, pos: int, quiet: bool) -> int:
 
 def _print_summary(rec, summary: dict) -> None:
     print(f"\n{rec.state.value}: {rec.message}")
+    if summary.get("value_path"):
+        print(f"  value model: {summary['value_path']} (held-out explained variance best "
+              f"{summary.get('best_heldout_explained_var')})\n  use it:      --set model.value_path=\"{summary['value_path']}\"")
     s, f = summary.get("start_eval", {}), summary.get("final_eval", {})
     for name in ("eval/greedy_accuracy", "eval/sampled_accuracy"):
         if name in f:

@@ -178,7 +178,9 @@ def ev_from_stats(stats: Tensor) -> Tensor:
     """Explained variance from (all-reduced) :func:`ev_stats`.
 
     Shapes: stats Tensor[5] -> scalar float64 tensor. Returns nan when undefined (no valid token, or the
-    targets have zero variance), so a constant-target batch is never reported as a perfect or awful fit.
+    targets are constant: a standard deviation below 1e-4 absolute or 1e-6 relative — an all-zero-reward
+    batch whose λ = 1 returns keep float32 residue is constant), so such a batch is never reported as a
+    perfect or an absurd fit.
     Implements: EV = 1 − Var(y − ŷ)/Var(y) (CleanRL/verl ``explained_variance``, population variances).
     """
     stats = stats.to(torch.float64)
@@ -186,8 +188,8 @@ def ev_from_stats(stats: Tensor) -> Tensor:
     nn = n.clamp_min(1)
     var_y = syy / nn - (sy / nn) ** 2
     var_d = (sdd / nn - (sd / nn) ** 2).clamp_min(0)
-    # Zero target variance up to float64 round-off of the E[y²] − E[y]² formula → undefined.
-    undefined = (n < 1) | (var_y <= 1e-12 * (syy / nn).clamp_min(1e-300))
+    # Constant targets (up to float32 residue, or float64 round-off of E[y²] − E[y]²) → undefined.
+    undefined = (n < 1) | (var_y <= 1e-12 * (syy / nn).clamp_min(1e-300)) | (var_y < 1e-8)
     ev = 1.0 - var_d / torch.where(undefined, torch.ones_like(var_y), var_y)
     return torch.where(undefined, torch.full_like(ev, float("nan")), ev)
 

@@ -141,7 +141,7 @@ def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[Conf
         out.append(ConfigIssue(file, "vapo.loss_reduction", f"token_level_loss = false, so "
                                f"seq_mean_token_mean is used instead of {v.loss_reduction}",
                                "set loss_reduction = \"seq_mean_token_mean\" to make it explicit", level="warning"))
-    if v.use_length_adaptive and config.training.algorithm == "vapo":
+    if config.decisions.lambda_policy == "length_adaptive":
         lmin = 1 / v.alpha
         out.append(ConfigIssue(file, "vapo.alpha", f"responses of ≤ {lmin:g} tokens get λ_policy = 0 "
                                f"(clamp(1 − 1/(α·l))); at l = {config.model.max_tokens} λ = "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, computed_field, model_validator
 
 from .base import Section
 from .errors import FieldProblem
@@ -68,14 +68,25 @@ class VapoConfig(Section):
     """λ for critic targets in Decoupled-GAE (paper 1.0)."""
     decoupled_gae: bool = True
     """Decoupled-GAE: critic targets from lambda_critic; false = critic uses λ_policy (the ablation)."""
+    clip_higher: bool = True
+    """Clip-Higher (VAPO/DAPO): clip the ratio to [1 − ε_low, 1 + clip_range_high]; false = the symmetric PPO
+    clip [1 − ε, 1 + ε] with ε = training.clip_range (the ablation)."""
     clip_range_high: float = Field(0.28, ge=0, lt=1)
-    """Clip-Higher ε_high (paper 0.28); ε_low is training.clip_range. Set equal to clip_range to disable."""
+    """Clip-Higher ε_high (paper 0.28); ε_low is training.clip_range. Used when clip_higher is true."""
     dual_clip: float = Field(0.0, ge=0, le=100)
     """Dual-clip constant c (> 1) for negative advantages; 0 disables (paper: off)."""
     positive_lm_coef: float = Field(0.1, ge=0, le=100)
     """Weight μ of the positive-example NLL (paper 0.1); 0 disables it."""
     value_pretrain_steps: int = Field(50, ge=0, le=1_000_000)
-    """Value-pretraining steps on rollouts of the frozen initial policy (paper 50); 0 skips it."""
+    """Value-pretraining rounds (each a fresh rollout of the frozen initial policy) at most (paper 50); 0 skips
+    it."""
+    value_pretrain_epochs: int = Field(1, ge=1, le=100)
+    """Passes over each value-pretraining rollout, in mini-batches of training.mini_batch_size."""
+    value_pretrain_patience: int = Field(0, ge=0, le=1_000_000)
+    """Stop value pretraining once the held-out explained variance has not improved by
+    value_pretrain_min_delta for this many rounds; 0 = run all value_pretrain_steps (the paper's fixed count)."""
+    value_pretrain_min_delta: float = Field(0.01, ge=0, le=1)
+    """Smallest gain in held-out explained variance that counts as progress for the stopping rule."""
     value_learning_rate: float = Field(2e-6, gt=0, le=1)
     """Critic learning rate (paper 2e-6)."""
     value_clip_range: float = Field(0.0, ge=0, le=100)
@@ -158,6 +169,54 @@ class DistributedConfig(Section):
         return self.nproc_per_node * self.nnodes
 
 
+class Decisions(Section):
+    """The run's derived decisions: what each ablation switch and the algorithm choice amount to. The trainer,
+    the config warnings, the diagnostics and the ablation all read these, never re-derive them."""
+
+    estimator: Literal["decoupled_gae", "gae", "grpo"]
+    """decoupled_gae (VAPO: critic targets with λ_critic, advantages with λ_policy), gae (one λ for both: vanilla
+    PPO or w/o Decoupled-GAE), grpo (group-normalised outcome, no critic)."""
+    uses_critic: bool
+    """A value model is trained (every estimator but grpo)."""
+    lambda_policy: Literal["length_adaptive", "fixed"]
+    """length_adaptive: λ = clamp(1 − 1/(α·l), 0, 1) per sequence (VAPO); fixed: lambda_base."""
+    lambda_critic: float | None
+    """λ of the critic targets (None without a critic; λ_policy's value under plain gae is reported as None)."""
+    policy_loss: Literal["clip_higher", "ppo_clip"]
+    """The registered policy loss (vapo_engine.algo.registry)."""
+    clip_low: float
+    clip_high: float
+    loss_reduction: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+    """How the policy loss is averaged (token_mean = VAPO's token-level loss)."""
+    value_pretrain_steps: int
+    """Value pretraining before policy updates (0 without a critic)."""
+    positive_lm_coef: float
+    positive_replay: bool
+    """Replayed past positives join the positive-example NLL (false when μ = 0)."""
+    whiten_advantages: bool
+    """Advantages are whitened over valid tokens (never for grpo, which is already normalised)."""
+    explained_variance_target: Literal["monte_carlo"] = "monte_carlo"
+    """What `critic/explained_var` is measured against in every run: Monte-Carlo returns (λ = 1), whatever
+    targets the critic trains on, so EV compares across ablation rows."""
+
+    @classmethod
+    def of(cls, c: TrainConfig) -> Decisions:
+        v, t = c.vapo, c.training
+        estimator = "grpo" if t.algorithm == "grpo" else (
+            "decoupled_gae" if t.algorithm == "vapo" and v.decoupled_gae else "gae")
+        critic = estimator != "grpo"
+        adaptive = t.algorithm == "vapo" and v.use_length_adaptive
+        clip_high = max(v.clip_range_high, t.clip_range) if v.clip_higher else t.clip_range
+        return cls(estimator=estimator, uses_critic=critic,
+                   lambda_policy="length_adaptive" if adaptive else "fixed",
+                   lambda_critic=v.lambda_critic if estimator == "decoupled_gae" else None,
+                   policy_loss="clip_higher" if clip_high > t.clip_range else "ppo_clip",
+                   clip_low=t.clip_range, clip_high=clip_high, loss_reduction=v.reduction,
+                   value_pretrain_steps=v.value_pretrain_steps if critic else 0,
+                   positive_lm_coef=v.positive_lm_coef, positive_replay=v.positive_replay and v.positive_lm_coef > 0,
+                   whiten_advantages=v.whiten_advantages and estimator != "grpo")
+
+
 class TrainConfig(Section):
     """The whole config.toml file."""
 
@@ -210,14 +269,28 @@ class TrainConfig(Section):
         if t.micro_batch_size and mini % t.micro_batch_size:
             raise FieldProblem("training.micro_batch_size", f"micro_batch_size {t.micro_batch_size} does not "
                                f"divide the mini-batch size {mini}", "use a divisor of mini_batch_size or unset it")
-        if self.vapo.clip_range_high and self.vapo.clip_range_high < t.clip_range:
+        if self.vapo.clip_higher and self.vapo.clip_range_high < t.clip_range:
             raise FieldProblem("vapo.clip_range_high", f"clip_range_high {self.vapo.clip_range_high} is below "
                                f"training.clip_range {t.clip_range}", "Clip-Higher needs ε_high ≥ ε_low: use "
-                               f"{t.clip_range} to disable it or the paper's 0.28")
+                               "the paper's 0.28, or set vapo.clip_higher = false to disable it")
         if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
             raise FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
                                "use 3.0 (a common choice) or 0 to disable")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_decisions(cls, data):
+        """`decisions` in a frozen config.json is derived (written for people and tools), never an input."""
+        if isinstance(data, dict) and "decisions" in data:
+            data = {k: v for k, v in data.items() if k != "decisions"}
+        return data
+
+    @computed_field
+    @property
+    def decisions(self) -> Decisions:
+        """Every derived choice of the run in one place (written into config.json as `decisions`)."""
+        return Decisions.of(self)
 
     @property
     def mini_batch_size(self) -> int:

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vapo_engine.config import BASE_URL_ENV, Channel, ConfigError, load_config, load_settings, resolve_channel
+from vapo_engine.config import (
+    BASE_URL_ENV,
+    Channel,
+    ConfigError,
+    TrainConfig,
+    load_config,
+    load_settings,
+    resolve_channel,
+)
 from vapo_engine.config.secrets import looks_like_secret, redact_tokens, safe_config_dump
 from vapo_engine.providers import (
     APIConnectionError,
@@ -224,6 +232,16 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
     return Evidence(**fields)
 
 
+def with_decisions(config: dict | None) -> dict | None:
+    """A config.json written before `decisions` existed gets them derived (the rules read decisions.*)."""
+    if config is None or "decisions" in config:
+        return config
+    try:
+        return {**config, "decisions": TrainConfig.model_validate(config).decisions.model_dump(mode="json")}
+    except ValueError:
+        return config
+
+
 def _config_dump(cp: Path) -> dict | None:
     """The config as data for the training rules, with URL credentials and a pasted key redacted."""
     try:
@@ -257,6 +275,7 @@ def run_facts(run_dir: str | Path, secrets=()) -> dict[str, Any]:
     if not any(present[n] for n in (RUN_JSON, CONFIG_JSON, METRICS)):
         raise ValueError(f"{str(p)!r} is not a run directory: it has no run.json, config.json or metrics.jsonl")
     meta, summary, config = (rd.read_json(n) for n in (RUN_JSON, SUMMARY_JSON, CONFIG_JSON))
+    config = with_decisions(config)
     present[SUMMARY_JSON], present[CONFIG_JSON] = summary is not None, config is not None  # readable
     tail = _clean(rd.log_tail(RUN_LOG_LINES, RUN_LOG_CHARS, max_bytes=256_000), RUN_LOG_CHARS, secrets)
     finished = summary is not None and summary.get("status") == "succeeded"

@@ -190,7 +190,7 @@ def no_signal(ev: Evidence, above: float = 0.7, min_points: int = 5) -> str | No
 def value_collapsed(ev: Evidence, below: float = 0.1, min_points: int = 10) -> str | None:
     """Low or negative explained variance of the critic over the last quarter of the run."""
     xs = _vals(ev, "critic/explained_var")
-    if _cfg(ev, "training.algorithm") == "grpo" or len(xs) < min_points:
+    if _cfg(ev, "decisions.uses_critic") is False or len(xs) < min_points:
         return None
     a, b, k = _ends(xs)
     if b >= below:
@@ -379,7 +379,8 @@ def _derived(ev: Evidence) -> dict[str, str | None]:
 
 for _path in ("vapo.alpha", "vapo.lambda_base", "vapo.group_size", "vapo.use_length_adaptive",
               "vapo.lambda_critic", "vapo.value_learning_rate", "vapo.clip_range_high",
-              "vapo.value_pretrain_steps", "vapo.loss_reduction", "training.learning_rate",
+              "decisions.value_pretrain_steps", "decisions.loss_reduction", "decisions.policy_loss",
+              "decisions.clip_low", "decisions.clip_high", "training.learning_rate",
               "training.clip_range", "training.kl_coef", "training.max_grad_norm", "training.batch_size",
               "model.max_tokens", "model.temperature", "model.dtype"):
     FACTS[_path.split(".")[1]] = partial(lambda p, ev: _num(_cfg(ev, p)), _path)  # {alpha}, ...

@@ -168,5 +168,10 @@ class MultistepTask(ArithmeticTask):
         return ",".join(steps) + BUILTIN_ANSWER_MARK + str(value)
 
 
-BUILTIN_TASKS = {"addition": AdditionTask, "multistep": MultistepTask}
+def _builtin_tasks() -> dict:
+    from .chain import ChainTask
+    return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask}
+
+
+BUILTIN_TASKS = _builtin_tasks()
 """Built-in task classes by short name (`builtin:<name>`)."""

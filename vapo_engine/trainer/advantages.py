@@ -1,8 +1,8 @@
 """Advantages and critic targets of a rollout, chosen by the registry (no `if` per ablation inside the loop).
 
-vapo → decoupled GAE (λ_critic for targets, λ_policy for the actor); with decoupled_gae off, or for vanilla
-ppo, one λ for both ("gae"); grpo → group-normalised outcome advantage, no critic. λ_policy is length-adaptive
-for vapo when enabled, else lambda_base. Whitening (optional) uses only valid tokens and never touches returns.
+What to compute is the config's derived decisions (`TrainConfig.decisions`): the estimator (decoupled_gae:
+λ_critic for targets, λ_policy for the actor; gae: one λ for both; grpo: group-normalised outcome, no critic),
+λ_policy (length-adaptive or lambda_base) and whitening (valid tokens only; never touches returns).
 """
 from __future__ import annotations
 
@@ -21,16 +21,9 @@ from vapo_engine.config import TrainConfig
 from vapo_engine.rollout.experience import Rollout
 
 
-def estimator_name(cfg: TrainConfig) -> str:
-    algo = cfg.training.algorithm
-    if algo == "grpo":
-        return "grpo"
-    return "decoupled_gae" if algo == "vapo" and cfg.vapo.decoupled_gae else "gae"
-
-
 def policy_lambda(cfg: TrainConfig, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """λ_policy per sequence (B,) and which sequences were clamped to 0."""
-    if cfg.training.algorithm == "vapo" and cfg.vapo.use_length_adaptive:
+    if cfg.decisions.lambda_policy == "length_adaptive":
         return length_adaptive_lambda(mask, cfg.vapo.alpha)
     n = mask.shape[0]
     return torch.full((n,), cfg.vapo.lambda_base, device=mask.device), torch.zeros(n, dtype=torch.bool,
@@ -42,7 +35,7 @@ def add_advantages(ro: Rollout, cfg: TrainConfig, *, reduce_sum=lambda t: t) -> 
     the moments across ranks) and `returns`; plus the vapo/… metrics."""
     mask = ro.response_mask
     lam, clamped = policy_lambda(cfg, mask)
-    name = estimator_name(cfg)
+    name = cfg.decisions.estimator
     adv, ret = get_advantage_estimator(name)(
         token_rewards=ro.token_rewards, values=ro.values, mask=mask, scores=ro.scores,
         group_size=cfg.vapo.group_size, lam_policy=lam, lam_critic=cfg.vapo.lambda_critic, gamma=1.0)
@@ -50,7 +43,7 @@ def add_advantages(ro: Rollout, cfg: TrainConfig, *, reduce_sum=lambda t: t) -> 
     metrics = {"vapo/lambda_policy_mean": float(lam.float().mean()), "vapo/lambda_policy_min": float(lam.min()),
                "vapo/lambda_clamped_frac": float(clamped.float().mean()),
                "vapo/advantage_mean": float(mean), "vapo/advantage_std": float(var.clamp(min=0).sqrt())}
-    if cfg.vapo.whiten_advantages and name != "grpo":
+    if cfg.decisions.whiten_advantages:
         adv = masked_whiten(adv, mask, mean=mean.to(adv.dtype), var=var.to(adv.dtype)) * mask
     return replace(ro, advantages=adv.detach(), returns=None if ret is None else ret.detach()), metrics
 

@@ -19,14 +19,22 @@ from pathlib import Path
 
 import torch
 
-from vapo_engine.algo import ev_from_stats, ev_stats, masked_mean
+from vapo_engine.algo import masked_mean
+from vapo_engine.rollout.evaluate import evaluate
 from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
-from .advantages import add_advantages, monte_carlo_returns
+from .advantages import add_advantages
 from .checkpoint import save_checkpoint
+from .critic import (
+    VALUE_ONLY,
+    explained_var,
+    mc_explained_var,
+    pretraining_done,
+    save_value_model,
+    value_pretrain_round,
+)
 from .distributed import shutdown
-from .evaluate import evaluate
 from .replay import replay_count
 from .setup import Trainer, build_trainer
 from .update import update_step
@@ -40,10 +48,12 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
     tr = build_trainer(run_dir, resume=resume, log=log)
     t0, status = time.time(), "succeeded"
     try:
+        if RunDir(run_dir).meta().get("mode") == VALUE_ONLY:
+            return _value_only(tr, run_dir, on_record, should_stop, t0, log)
         if tr.step == 0 and "start_eval" not in tr.history:
             tr.history["start_eval"] = _evaluate(tr, on_record)
-        while tr.uses_critic and tr.pretrain_step < tr.cfg.vapo.value_pretrain_steps:
-            metrics = value_pretrain_step(tr)
+        while not pretraining_done(tr):
+            metrics = value_pretrain_round(tr, _collect, _minibatches)
             on_record(tr.logger.log(tr.pretrain_step, "pretrain", metrics))
         while tr.step < tr.cfg.training.total_steps:
             before = tr.step
@@ -66,24 +76,6 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
         shutdown(tr.world)
 
 
-def value_pretrain_step(tr: Trainer) -> dict[str, float]:
-    """One critic-only update on fresh rollouts of the (unchanged) initial policy, λ = 1 targets."""
-    ro = monte_carlo_returns(_collect(tr))
-    ev = _explained_var("critic/pretrain_explained_var", ro, tr.world)
-    m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro, None, tr.spec, train_actor=False,
-                    reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
-    tr.sched_critic.step()
-    tr.pretrain_step += 1
-    return (tr.world.reduce_metrics({"critic/pretrain_value_loss": m["critic/value_loss"]}, "sum")
-            | tr.world.reduce_metrics({"rollout/accuracy": float(ro.correct.float().mean())}) | ev)
-
-
-def _explained_var(name: str, ro, world) -> dict[str, float]:
-    """EV of the old values vs the critic targets from global statistics; omitted when undefined."""
-    ev = float(ev_from_stats(world.sum(ev_stats(ro.values, ro.returns, ro.response_mask))))
-    return {name: ev} if math.isfinite(ev) else {}
-
-
 def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
@@ -91,7 +83,8 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.world.sum)
     metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size))
     if ro.values is not None:
-        metrics.update(_explained_var("critic/explained_var", ro, tr.world))
+        metrics |= mc_explained_var(ro, tr.world)
+        metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.response_mask, tr.world)
     t1 = time.perf_counter()
     updates, mini_size = [], tr.cfg.mini_batch_size // tr.world.world_size
     for _ in range(tr.cfg.training.ppo_epochs):
@@ -136,7 +129,7 @@ def _collect(tr: Trainer):
 def _one_update(tr: Trainer, mini) -> dict[str, float]:
     replay = None
     v = tr.cfg.vapo
-    if v.positive_replay and v.positive_lm_coef > 0:
+    if tr.cfg.decisions.positive_replay:
         n = replay_count(int(mini.correct.sum()), v.replay_ratio, len(tr.replay))
         pairs = tr.replay.sample(n, tr.replay_rng)
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device) if pairs else None
@@ -199,6 +192,29 @@ def _save(tr: Trainer) -> None:
     if tr.world.is_main:
         save_checkpoint(tr.info.run_dir, tr.step, tr.models, tr.state_dict())
     tr.world.barrier()
+
+
+def _value_only(tr: Trainer, run_dir: Path, on_record, should_stop, t0: float, log) -> dict:
+    """`vapo-mcp pretrain-value`: value pretraining alone, then the value model as a reusable HF directory
+    (`<run dir>/value_model`, or run.json's `value_out`) that runs start from with model.value_path."""
+    status = "succeeded"
+    while not pretraining_done(tr):
+        metrics = value_pretrain_round(tr, _collect, _minibatches)
+        on_record(tr.logger.log(tr.pretrain_step, "pretrain", metrics))
+        if float(tr.world.sum(torch.tensor([float(should_stop())]))) > 0:
+            status = "stopped"
+            break
+    out = Path(RunDir(run_dir).meta().get("value_out") or run_dir / "value_model")
+    evs = [e for e in tr.history.get("pretrain_ev", []) if math.isfinite(e)]
+    summary = {"status": status, "mode": VALUE_ONLY, "run_id": tr.info.run_id, "steps": tr.pretrain_step,
+               "value_path": str(out), "best_heldout_explained_var": max(evs) if evs else None,
+               "last_heldout_explained_var": evs[-1] if evs else None,
+               "stopped_early_at": tr.history.get("pretrain_stopped_at"), "seconds": round(time.time() - t0, 1)}
+    if tr.world.is_main:
+        save_value_model(tr, out)
+        RunDir(run_dir).write_json(SUMMARY_JSON, summary)
+        log(f"value model saved to {out}; start runs from it with --set model.value_path=\"{out}\"")
+    return summary
 
 
 def _summary(tr: Trainer, status: str, final: dict, seconds: float) -> dict:

@@ -64,8 +64,9 @@ def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if dtype == "bfloat16" else torch.float16
 
 
-def resolve_model_path(local_path: str | None, log=print) -> Path:
-    """The directory to load: `local_path`, or the cached built-in tiny model (built on first use)."""
+def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:addition") -> Path:
+    """The directory to load: `local_path`, or the cached built-in tiny model of the training `task` (built on
+    first use; tasks without a model of their own use builtin:addition's)."""
     if local_path:
         p = Path(local_path).expanduser()
         if not (p / "config.json").is_file():
@@ -73,8 +74,8 @@ def resolve_model_path(local_path: str | None, log=print) -> Path:
                                  "config.json); point it at a folder made by save_pretrained, or unset it to "
                                  "use the built-in tiny model")
         return p
-    from .tiny_model import builtin_model_dir
-    return Path(builtin_model_dir(log=log))
+    from vapo_engine.builtin_model import RECIPES, builtin_model_dir
+    return Path(builtin_model_dir(task=task if task in RECIPES else "builtin:addition", log=log))
 
 
 def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
@@ -103,11 +104,22 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
 
 
 def _load_value(path: Path) -> PreTrainedModel:
+    """The value model from `path`. A head that the directory does not hold (a policy or base model) starts at
+    zero, so the fresh critic predicts 0 everywhere (explained variance 0, not the −0.2…−0.4 of a random
+    head) and its first gradients come from the targets alone."""
     try:
         cfg = AutoConfig.from_pretrained(path, num_labels=1)
         cfg.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32)
+        model, info = AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32,
+                                                                      output_loading_info=True)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot build a value model from {str(path)!r} ({e}); set model.value_path to "
                              "a model whose architecture has a token-classification head, or use "
                              "training.algorithm = \"grpo\" (no value model)") from None
+    fresh = {k.rsplit(".", 1)[0] for k in info.get("missing_keys", [])}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name in fresh and name.split(".")[-1] in ("score", "classifier"):  # the new scalar head
+                for p in module.parameters():
+                    p.zero_()
+    return model

@@ -9,12 +9,16 @@ def format_record(rec: dict, total_steps: int | None = None) -> str:
     kind = rec.get("kind")
     if kind == "eval":
         s = rec.get("eval/sampled_accuracy")
+        buckets = "".join(f" {b} {rec[f'eval/greedy_accuracy_{b}']:.2f}" for b in ("short", "mid", "long")
+                          if f"eval/greedy_accuracy_{b}" in rec)
         return (f"eval   step {step:>5}: greedy acc {rec.get('eval/greedy_accuracy', 0):.3f}"
+                + (f" ({buckets.strip()})" if buckets else "")
                 + (f"  sampled acc {s:.3f}" if s is not None else "")
                 + f"  len {rec.get('eval/response_length', 0):.1f}")
     if kind == "pretrain":
-        return (f"value-pretrain {step + 1:>3}: value loss {rec.get('critic/pretrain_value_loss', 0):.4f}  "
-                f"explained var {rec.get('critic/pretrain_explained_var', 0):+.3f}")
+        ev = rec.get("critic/pretrain_explained_var")
+        return (f"value-pretrain {step:>3}: value loss {rec.get('critic/pretrain_value_loss', 0):.4f}  "
+                f"held-out explained var {'undefined' if ev is None else f'{ev:+.3f}'}")
     tot = f"/{total_steps}" if total_steps else ""
     return (f"train  step {step:>5}{tot}: reward {rec.get('rollout/reward_mean', 0):.3f}  "
             f"len {rec.get('rollout/response_length', 0):5.1f}  λ {rec.get('vapo/lambda_policy_mean', 0):.3f}  "

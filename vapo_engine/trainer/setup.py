@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vapo_engine.algo.schedule import warmup_constant
 from vapo_engine.config import TrainConfig
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
@@ -63,15 +64,15 @@ class Trainer:
 
 
 def update_spec(cfg: TrainConfig, world: World | None = None) -> UpdateSpec:
-    v, t = cfg.vapo, cfg.training
-    return UpdateSpec(policy_loss="clip_higher", clip_low=t.clip_range, clip_high=max(v.clip_range_high, t.clip_range),
-                      dual_clip=v.dual_clip or None, reduction=v.reduction, positive_lm_coef=v.positive_lm_coef,
+    v, t, d = cfg.vapo, cfg.training, cfg.decisions
+    return UpdateSpec(policy_loss=d.policy_loss, clip_low=d.clip_low, clip_high=d.clip_high,
+                      dual_clip=v.dual_clip or None, reduction=d.loss_reduction, positive_lm_coef=d.positive_lm_coef,
                       kl_coef=t.kl_coef, value_clip=v.value_clip_range or None, max_grad_norm=t.max_grad_norm,
                       micro_batch=min(cfg.micro_batch_size, cfg.mini_batch_size // (world or World()).world_size))
 
 
 def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(warmup))
 
 
 def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, log=print) -> Trainer:
@@ -97,14 +98,15 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
 def _base_model(cfg: TrainConfig, world: World, log) -> Path:
     """The initial weights; rank 0 builds the built-in tiny model once while the others wait, then every
     rank resolves the (now cached) path itself — nothing but tensors crosses ranks."""
+    task = cfg.data.train.strip()
     if world.is_main:
-        base = resolve_model_path(cfg.model.local_path, log=log)
+        base = resolve_model_path(cfg.model.local_path, log=log, task=task)
     world.barrier()
-    return base if world.is_main else resolve_model_path(cfg.model.local_path, log=lambda m: None)
+    return base if world.is_main else resolve_model_path(cfg.model.local_path, log=lambda m: None, task=task)
 
 
 def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: World) -> Models:
-    need_value = cfg.training.algorithm != "grpo"
+    need_value = cfg.decisions.uses_critic
     value_src = (ckpt / "value") if ckpt else (cfg.model.value_path or base)
     models = load_models(ckpt / "policy" if ckpt else base, value_path=value_src, need_value=need_value,
                          reference_path=base if cfg.training.kl_coef > 0 else None, device=device,

@@ -5,9 +5,9 @@ labelled -100), AdamW with a short linear warmup, and every `eval_every` steps t
 fixed validation draw; training stops as soon as that accuracy reaches the target band. The band is a
 *start* for RL, not a finished model: a weak start is fragile, a strong one leaves no room for RL to show.
 
-`evaluate` (accuracy of one response per problem through `rollout.generate`) is shared with the trainer.
-This file does not build or cache models (see `tiny_model.py`) and never sees JSONL sets (they have no
-reference solutions).
+Accuracy comes from `vapo_engine.rollout.evaluate` and the schedule from `vapo_engine.algo.schedule`, the
+same code the trainer uses. This file does not build or cache models (see `build.py`) and never sees JSONL
+sets (they have no reference solutions).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from vapo_engine.rollout.generate import generate
+from vapo_engine.algo.schedule import warmup_constant
+from vapo_engine.rollout.evaluate import scores
 from vapo_engine.tasks import Problem
 
 
@@ -51,13 +52,9 @@ def evaluate(model, tokenizer, task, problems: list[Problem], *, max_new_tokens:
     """Fraction of `problems` whose single response (greedy, or sampled at `temperature`) gets reward 1."""
     if not problems:
         return 0.0
-    gen = generate(model, tokenizer, [p.prompt for p in problems], max_new_tokens=max_new_tokens,
-                   temperature=temperature, do_sample=not greedy, batch_size=batch_size)
-    return sum(task.reward(text, p.answer) for text, p in zip(gen.texts, problems)) / len(problems)
-
-
-def _lr_lambda(warmup_steps: int) -> Callable[[int], float]:
-    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
+    rewards, _ = scores(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, greedy=greedy,
+                        temperature=temperature, batch_size=batch_size)
+    return sum(rewards) / len(problems)
 
 
 def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float,
@@ -74,11 +71,24 @@ def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max
     return float(loss.item())
 
 
+def _batches(task, draw, batch_size: int, rng: random.Random, length_buckets: bool):
+    """Endless batches of problems; with `length_buckets`, similar lengths share a batch (order shuffled)."""
+    while True:
+        if not length_buckets:
+            yield draw(batch_size, rng)
+            continue
+        pool = sorted(draw(batch_size * 8, rng), key=lambda p: len(p.prompt) + len(task.reference_solution(p)))
+        chunks = [pool[i:i + batch_size] for i in range(0, len(pool), batch_size)]
+        rng.shuffle(chunks)
+        yield from chunks
+
+
 def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size: int = 32, lr: float = 2e-3,
                    target_greedy: tuple[float, float] = (0.55, 0.75), eval_every: int = 25,
                    val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
                    max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
-                   bf16: bool | None = None, log: Callable[[str], None] = print) -> dict:
+                   bf16: bool | None = None, length_buckets: bool = False, val_buckets: tuple[str, ...] = (),
+                   log: Callable[[str], None] = print) -> dict:
     """Train until the greedy validation accuracy reaches `target_greedy[0]` (or `max_steps`); return metrics.
 
     Validation problems are a fixed draw from the *training* distribution (seeded), so the held-out split
@@ -86,20 +96,29 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
     undone: pick `eval_every` small enough for the band. `bf16` runs the forward pass under bfloat16
     autocast (weights and optimizer stay float32): ~1.4x faster on CPUs with bf16 instructions (AVX512-BF16,
     AMX), but ~100x slower on AVX2-only CPUs, so the default (None) measures which is faster here.
+
+    Problems come from `task.sft_batch` when the task has one (its warm-start distribution), else
+    `task.train_batch`. `length_buckets` draws eight batches at a time and groups problems of similar length
+    into the same batch, so a batch is padded to its own length, not to the longest problem of the draw
+    (~3× faster on tasks whose answers vary in length). `val_buckets` restricts the validation draw (and so
+    the stopping rule) to those difficulty buckets of the task (e.g. only short chains).
     """
     if bf16 is None:
-        from .precision import bf16_matmul_is_fast
+        from vapo_engine.algo.precision import bf16_matmul_is_fast
         bf16 = model.device.type == "cuda" or bf16_matmul_is_fast()
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    val = task.train_batch(val_size, random.Random(seed + 1_000_003))
+    draw = getattr(task, "sft_batch", task.train_batch)
+    val = draw(val_size * (8 if val_buckets else 1), random.Random(seed + 1_000_003))
+    val = [p for p in val if not val_buckets or task.bucket(p) in val_buckets][:val_size]
+    batches = _batches(task, draw, batch_size, rng, length_buckets)
     max_new = max_new_tokens or getattr(task, "max_new_tokens", None) or 64
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_constant(warmup_steps))
     t0, train_s, tokens, losses = time.perf_counter(), 0.0, 0, []
     greedy, step, stop = 0.0, 0, "max_steps"
     while step < max_steps:
-        problems = task.train_batch(batch_size, rng)
+        problems = next(batches)
         batch = encode_sft_batch(tokenizer, [p.prompt for p in problems],
                                  [task.reference_solution(p) for p in problems])
         ts = time.perf_counter()

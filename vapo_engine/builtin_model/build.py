@@ -1,0 +1,186 @@
+"""The cached, SFT-warm-started built-in models that the CPU demos train, one per built-in task.
+
+`builtin_model_dir(task)` returns the model directory for a built-in training task, building it the first
+time under `$VAPO_MCP_CACHE` or `~/.cache/vapo-mcp`. Builds go to a temporary folder with a done-marker written
+last and are `os.replace`d into place under a lock, so a killed build never leaves a half directory and two
+concurrent builders cannot corrupt the cache. Each task has its own recipe (`RECIPES`): model size, the SFT
+sampling of problems, the stopping band.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from .model import build_tokenizer, make_model
+
+BUILTIN_VERSION = 1
+"""Bump whenever the tokenizer, architecture or an SFT recipe changes: it is part of the cache folder name."""
+DONE_MARKER = "BUILD_COMPLETE.json"
+"""Written last inside a finished build; a folder without it is ignored and rebuilt."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRecipe:
+    """Everything that determines a built-in model; values other than the task's recipe in `RECIPES` get
+    their own cache folder."""
+
+    seed: int = 0
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    task: str = "builtin:addition"
+    max_steps: int = 2000
+    batch_size: int = 32
+    lr: float = 2e-3
+    eval_every: int = 25
+    val_size: int = 256
+    target_greedy: tuple[float, float] = (0.60, 0.75)
+    """Stop at >= the lower bound of greedy accuracy on the validation draw (the warm-start RL needs)."""
+    report_size: int = 500
+    length_buckets: bool = False
+    """Batch problems of similar length together (for tasks whose answers vary in length)."""
+    val_buckets: tuple[str, ...] = ()
+    """Difficulty buckets of the validation draw that the stopping rule looks at (all when empty)."""
+    num_threads: int = 0
+    """torch threads during the build (0 = all available cores); restored afterwards."""
+
+    def folder_name(self) -> str:
+        base = RECIPES.get(self.task) or BuildRecipe(task=self.task)
+        changed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != getattr(base, f.name) and f.name != "num_threads"}
+        name = f"tiny-{self.task.removeprefix('builtin:')}-v{BUILTIN_VERSION}"
+        if not changed:
+            return name
+        return name + "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+RECIPES: dict[str, BuildRecipe] = {
+    "builtin:addition": BuildRecipe(),
+    "builtin:chain": BuildRecipe(task="builtin:chain", max_steps=3000, eval_every=100, val_size=128,
+                                 target_greedy=(0.60, 0.80), report_size=200, length_buckets=True),
+}
+"""The recipe of each built-in task's model. builtin:chain: the warm-start's problems are mostly short
+(`ChainTask.sft_batch`) and it stops once short chains are solved (≥ 60% greedy on a short validation draw),
+so long chains start with sparse reward."""
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """`cache_dir`, else `$VAPO_MCP_CACHE`, else `~/.cache/vapo-mcp`."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("VAPO_MCP_CACHE") or Path.home() / ".cache" / "vapo-mcp"
+    return Path(cache_dir).expanduser()
+
+
+def is_complete(model_dir: str | Path) -> bool:
+    """True when `model_dir` holds a finished build (its done-marker exists)."""
+    return (Path(model_dir) / DONE_MARKER).is_file()
+
+
+@contextlib.contextmanager
+def _build_lock(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (POSIX flock); elsewhere, "rename wins" alone keeps the cache sound."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    saved = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None]) -> dict:
+    """Create, SFT-train, evaluate and save the model in `tmp`; the done-marker is the last file written."""
+    from vapo_engine.tasks import get_task
+
+    from .sft import evaluate, sft_warm_start
+
+    t0 = time.perf_counter()
+    random.seed(recipe.seed)
+    torch.manual_seed(recipe.seed)
+    tokenizer = build_tokenizer()
+    model = make_model(tokenizer, hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
+                       seed=recipe.seed)
+    task = get_task(recipe.task)
+    sft = sft_warm_start(model, tokenizer, task, max_steps=recipe.max_steps, batch_size=recipe.batch_size,
+                         lr=recipe.lr, target_greedy=recipe.target_greedy, eval_every=recipe.eval_every,
+                         val_size=recipe.val_size, seed=recipe.seed, length_buckets=recipe.length_buckets,
+                         val_buckets=recipe.val_buckets,
+                         log=log)
+    heldout = task.heldout(recipe.report_size)
+    greedy = evaluate(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens)
+    sampled = evaluate(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens, greedy=False)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    metrics = {k: v for k, v in sft.items() if k != "losses"}
+    metrics.update(heldout_greedy_acc=greedy, heldout_sampled_acc=sampled, heldout_size=len(heldout),
+                   build_seconds=time.perf_counter() - t0, recipe=dataclasses.asdict(recipe),
+                   version=BUILTIN_VERSION, torch_threads=torch.get_num_threads())
+    (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=2))
+    (tmp / DONE_MARKER).write_text(json.dumps({"version": BUILTIN_VERSION, "time": time.time()}))
+    return metrics
+
+
+def builtin_model_dir(cache_dir: str | Path | None = None, *, task: str = "builtin:addition",
+                      log: Callable[[str], None] = print, **sft_kwargs) -> Path:
+    """The cached SFT-warm-started tiny model directory of a built-in `task`, built the first time (minutes on
+    2 CPU cores; see README for the measured times).
+
+    `sft_kwargs` override fields of the task's recipe (e.g. `max_steps=5, hidden=16` in tests); a non-default
+    recipe is cached in its own folder. Unfinished folders (no done-marker) are ignored and rebuilt.
+    """
+    recipe = dataclasses.replace(RECIPES.get(task) or BuildRecipe(task=task), **sft_kwargs)
+    root = cache_root(cache_dir)
+    final = root / recipe.folder_name()
+    if is_complete(final):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root / f"{final.name}.lock"):
+        if is_complete(final):  # another process finished while we waited
+            return final
+        for stale in [final, *root.glob(f".tmp-{final.name}.*")]:
+            shutil.rmtree(stale, ignore_errors=True)  # leftovers of a killed build: we hold the lock
+        tmp = root / f".tmp-{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"  # '.': no other recipe matches
+        tmp.mkdir()
+        log(f"building the built-in tiny model in {final} (first use only) ...")
+        try:
+            with _torch_threads(recipe.num_threads):
+                metrics = _build_into(tmp, recipe, log)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if is_complete(final):  # "rename wins": a builder without our lock got there first
+                return final
+            raise
+        log(f"built-in tiny model ready: held-out greedy {metrics['heldout_greedy_acc']:.2f}, sampled "
+            f"{metrics['heldout_sampled_acc']:.2f}, {metrics['build_seconds']:.0f}s")
+    return final

@@ -1,0 +1,120 @@
+"""`builtin:chain` — running totals over labelled steps: long, length-varying answers checkable step by step.
+
+The task VAPO's parts are made for, in miniature (SPEC §3: long chains of thought of very different lengths,
+sparse success, a value model that must notice a mistake when it is made):
+
+    prompt    "47 a+8 b-3 c+9\\n"                      a start value, then `steps` labelled operations
+    response  "a 47+8=55\\nb 55-3=52\\nc 52+9=61\\n;61"   one fixed-width line per step, then `;answer`
+
+- **Length varies ≥ 10×** inside one batch: 1 to 20 steps give responses of 14 to 204 tokens (10 characters a
+  line with the built-in character tokenizer, plus `;` and the two answer digits).
+- **Difficulty is visible from the prompt** (the number of operations) and `bucket()` names it: short (1–4
+  steps), mid (5–11), long (12–20).
+- **Every step is checkable locally**: a line copies the previous line's total and the operation with its
+  label from the prompt, and adds or subtracts one digit; totals stay in 0–99 and are written with two digits,
+  so every line has the same shape. Every line is determined by the prompt, so a response that has left the
+  reference path (`on_path`) almost never ends on the right total: a small critic can see the mistake in the
+  line where it is made.
+- **Reward is exact**: 1 when the text after the last `;` is the final total, else 0.
+
+Train and held-out problems sit on opposite sides of a stable hash split of (start, operations).
+"""
+from __future__ import annotations
+
+import random
+import string
+
+from .answers import BUILTIN_ANSWER_MARK, builtin_answer_correct
+from .base import Problem, sample_split
+
+LABELS = string.ascii_lowercase
+LINE = 10
+"""Characters per response line: `a 47+8=55` plus the newline."""
+BUCKETS = (("short", 1, 4), ("mid", 5, 11), ("long", 12, 20))
+_HELDOUT_FRACTION = 0.1
+_HELDOUT_SEED = 20251201
+
+
+class ChainTask:
+    """Running-total chains of `min_steps`..`max_steps` labelled operations (see the module docstring)."""
+
+    name = "builtin:chain"
+
+    def __init__(self, min_steps: int = 1, max_steps: int = 20):
+        if not 1 <= min_steps <= max_steps <= len(LABELS):
+            raise ValueError(f"need 1 <= min_steps <= max_steps <= {len(LABELS)}")
+        self.min_steps, self.max_steps = min_steps, max_steps
+        self.max_new_tokens = LINE * max_steps + len(BUILTIN_ANSWER_MARK) + 2 + 1  # lines, ';', 2 digits, EOS
+
+    # --- problems ------------------------------------------------------------------------------------------
+    def _make(self, rng: random.Random, steps: int | None = None) -> tuple[str, Problem]:
+        n = steps or rng.randint(self.min_steps, self.max_steps)
+        total = rng.randint(10, 99)
+        parts = [f"{total:02d}"]
+        for label in LABELS[:n]:
+            d = rng.randint(1, 9)
+            sign = "+" if total - d < 0 else "-" if total + d > 99 else rng.choice("+-")
+            total = total + d if sign == "+" else total - d
+            parts.append(f"{label}{sign}{d}")
+        key = " ".join(parts)
+        return key, Problem(id=f"chain-{key.replace(' ', '')}", prompt=key + "\n", answer=f"{total:02d}")
+
+    def train_batch(self, n: int, rng: random.Random) -> list[Problem]:
+        return sample_split(self._make, n, rng, heldout=False, salt=self.name, fraction=_HELDOUT_FRACTION)
+
+    def sft_batch(self, n: int, rng: random.Random) -> list[Problem]:
+        """The warm-start's problems: step counts drawn ∝ 1/steps, so most are short (58% have ≤ 4 steps) and
+        long chains are rare: after SFT short chains are mostly solved and long ones rarely (sparse reward)."""
+        counts = list(range(self.min_steps, self.max_steps + 1))
+        weights = [1 / c for c in counts]
+        return [sample_split(lambda r, s=rng.choices(counts, weights)[0]: self._make(r, s), 1, rng, heldout=False,
+                             salt=self.name, fraction=_HELDOUT_FRACTION)[0] for _ in range(n)]
+
+    def heldout(self, n: int) -> list[Problem]:
+        """`n` distinct held-out problems, the same number of each step count (so every bucket is measured)."""
+        rng = random.Random(_HELDOUT_SEED)
+        counts = list(range(self.min_steps, self.max_steps + 1))
+        out, seen = [], set()
+        for i in range(n):
+            steps = counts[i % len(counts)]
+            for p in sample_split(lambda r, s=steps: self._make(r, s), 50, rng, heldout=True, salt=self.name,
+                                  fraction=_HELDOUT_FRACTION):
+                if p.prompt not in seen:
+                    seen.add(p.prompt)
+                    out.append(p)
+                    break
+        return out
+
+    # --- checking ------------------------------------------------------------------------------------------
+    def reward(self, response: str, answer: str) -> float:
+        return 1.0 if builtin_answer_correct(response, answer) else 0.0
+
+    @staticmethod
+    def steps_of(prompt: str) -> int:
+        return len(prompt.split()) - 1
+
+    def bucket(self, problem: Problem) -> str:
+        n = self.steps_of(problem.prompt)
+        return next(name for name, lo, hi in BUCKETS if lo <= n <= hi) if n <= BUCKETS[-1][2] else "long"
+
+    def solve(self, prompt: str) -> str:
+        """The reference response for `prompt` (without EOS)."""
+        head, *ops = prompt.split()
+        total, lines = int(head), []
+        for op in ops:
+            label, sign, d = op[0], op[1], int(op[2])
+            new = total + d if sign == "+" else total - d
+            lines.append(f"{label} {total:02d}{sign}{d}={new:02d}")
+            total = new
+        return "\n".join(lines) + "\n" + BUILTIN_ANSWER_MARK + f"{total:02d}"
+
+    def reference_solution(self, problem: Problem) -> str:
+        return self.solve(problem.prompt)
+
+    def on_path(self, prompt: str, prefix: str) -> bool:
+        """Whether the response prefix is still a prefix of the reference solution (the only way to finish
+        correctly: every line is determined by the prompt)."""
+        return self.solve(prompt).startswith(prefix)
+
+    def __repr__(self) -> str:
+        return f"ChainTask(steps={self.min_steps}..{self.max_steps})"

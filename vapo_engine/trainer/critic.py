@@ -1,0 +1,100 @@
+"""The critic's own recipe: value pretraining with real mini-batch updates and a stopping rule, and explained
+variance that means the same thing in every run.
+
+Value pretraining (SPEC §3): each round samples a fresh rollout from the frozen initial policy, measures the
+critic's explained variance on it *before* training on it (so the number is held-out), then fits the critic to
+Monte-Carlo returns (λ = 1) with `mini_batch_size` updates over `value_pretrain_epochs` passes. It stops at
+`value_pretrain_steps` rounds, or earlier when the held-out EV has not improved by `value_pretrain_min_delta`
+for `value_pretrain_patience` rounds. EV is also logged by position inside the response (quarters) and by
+response length, so a critic that only learns the end of answers, or only short ones, shows.
+
+`critic/explained_var` is always measured against Monte-Carlo returns, whatever targets the critic trains on
+(λ_critic, or λ_policy without Decoupled-GAE), so the column compares across ablation rows; EV against the
+training targets is `critic/explained_var_targets`. Undefined EV (constant returns) is omitted, never logged.
+"""
+from __future__ import annotations
+
+import math
+
+from vapo_engine.algo import ev_from_stats, ev_stats
+
+from .advantages import monte_carlo_returns
+from .update import update_step
+
+VALUE_ONLY = "value_pretrain"
+"""run.json `mode` of a `vapo-mcp pretrain-value` run: value pretraining only, then the value model is saved."""
+LENGTH_BUCKETS = (("short", 0, 48), ("mid", 49, 120), ("long", 121, 10**9))
+"""Response length (tokens) buckets of the EV breakdown."""
+
+
+def explained_var(name: str, values, targets, mask, world) -> dict[str, float]:
+    """{name: EV} from global statistics over the valid tokens of `mask`; {} when undefined."""
+    ev = float(ev_from_stats(world.sum(ev_stats(values, targets, mask))))
+    return {name: ev} if math.isfinite(ev) else {}
+
+
+def mc_explained_var(ro, world, name: str = "critic/explained_var") -> dict[str, float]:
+    """EV of the rollout's old values against Monte-Carlo returns (λ = 1: the sequence reward everywhere)."""
+    if ro.values is None:
+        return {}
+    mc = monte_carlo_returns(ro).returns
+    return explained_var(name, ro.values, mc, ro.response_mask, world)
+
+
+def ev_breakdown(ro, world, prefix: str) -> dict[str, float]:
+    """EV against the rollout's returns by position quarter of the response and by response length."""
+    mask = ro.response_mask
+    lengths = mask.sum(1, keepdim=True).clamp(min=1)
+    pos = (mask.cumsum(1) - 1).clamp(min=0) / lengths  # 0 … <1 over each response
+    out = {}
+    for q in range(4):
+        sel = mask * ((pos >= q / 4) & (pos < (q + 1) / 4)).to(mask.dtype)
+        out |= explained_var(f"{prefix}ev_pos_q{q + 1}", ro.values, ro.returns, sel, world)
+    for name, lo, hi in LENGTH_BUCKETS:
+        sel = mask * ((lengths >= lo) & (lengths <= hi)).to(mask.dtype)
+        out |= explained_var(f"{prefix}ev_len_{name}", ro.values, ro.returns, sel, world)
+    return out
+
+
+def value_pretrain_round(tr, collect, minibatches) -> dict[str, float]:
+    """One value-pretraining round (see the module docstring); returns its metrics."""
+    ro = monte_carlo_returns(collect(tr))
+    metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask, tr.world)
+    metrics |= ev_breakdown(ro, tr.world, "critic/pretrain_")
+    mini_size = tr.cfg.mini_batch_size // tr.world.world_size
+    losses = []
+    for _ in range(tr.cfg.vapo.value_pretrain_epochs):
+        for idx in minibatches(ro.size, mini_size):
+            m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro.rows(idx), None, tr.spec,
+                            train_actor=False, reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
+            tr.sched_critic.step()
+            losses.append(m["critic/value_loss"])
+    tr.pretrain_step += 1
+    _track_plateau(tr, metrics.get("critic/pretrain_explained_var"))
+    metrics |= tr.world.reduce_metrics({"critic/pretrain_value_loss": sum(losses) / len(losses)}, "sum")
+    metrics |= tr.world.reduce_metrics({"rollout/accuracy": float(ro.correct.float().mean()),
+                                        "critic/pretrain_updates": float(len(losses))})
+    return metrics
+
+
+def _track_plateau(tr, ev: float | None) -> None:
+    """Record the held-out EV; mark pretraining done once it has not improved by min_delta for `patience`
+    rounds (patience 0 = only the step cap)."""
+    v = tr.cfg.vapo
+    hist = tr.history.setdefault("pretrain_ev", [])
+    hist.append(ev if ev is not None else float("-inf"))
+    k = v.value_pretrain_patience
+    if k and len(hist) > k and max(hist[-k:]) < max(hist[:-k]) + v.value_pretrain_min_delta:
+        tr.history["pretrain_stopped_at"] = tr.pretrain_step
+
+
+def pretraining_done(tr) -> bool:
+    return (not tr.uses_critic or tr.pretrain_step >= tr.cfg.decisions.value_pretrain_steps
+            or "pretrain_stopped_at" in tr.history)
+
+
+def save_value_model(tr, out) -> None:
+    """The trained value model as a plain HF directory (usable as `model.value_path`)."""
+    tr.models.value.save_pretrained(out, safe_serialization=True)
+    tr.models.tokenizer.save_pretrained(out)
+
