@@ -25,15 +25,17 @@ from pathlib import Path
 from common import REPO, load_avg, settings_with_seed, write_record
 
 
-def sweep_run(preset: str, lr: float, warmup: int, rounds: int, extra: list[str], tmp: Path) -> dict:
+def sweep_run(preset: str, lr: float, warmup: int, epochs: int, rounds: int, extra: list[str], tmp: Path) -> dict:
     """One value-only run; returns its per-round held-out EV curve and the saved value model's path."""
     from vapo_engine.config import load_config
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
     over = [f"vapo.value_learning_rate={lr}", f"training.warmup_steps={warmup}",
-            f"vapo.value_pretrain_steps={rounds}", "vapo.value_pretrain_patience=0", *extra]
+            f"vapo.value_pretrain_steps={rounds}", "vapo.value_pretrain_patience=0",
+            f"vapo.value_pretrain_epochs={epochs}", *extra]
     cfg = load_config(REPO / "config.toml", over, preset=preset)
-    info = create_run(cfg, settings_with_seed(1), tmp, run_id=f"lr{lr}-w{warmup}", overrides=over, preset=preset,
+    info = create_run(cfg, settings_with_seed(1), tmp, run_id=f"lr{lr}-w{warmup}-e{epochs}", overrides=over,
+                      preset=preset,
                       extra={"mode": "value_pretrain"})
     t0 = time.perf_counter()
     summary = train(info.run_dir, log=lambda m: None)
@@ -41,7 +43,7 @@ def sweep_run(preset: str, lr: float, warmup: int, rounds: int, extra: list[str]
     recs = [r for r in RunDir(info.run_dir).metrics() if r.get("kind") == "pretrain"]
     curve = [r.get("critic/pretrain_explained_var") for r in recs]
     finite = [x for x in curve if x is not None and math.isfinite(x)]
-    return {"lr": lr, "warmup": warmup, "curve": curve, "last3": sum(finite[-3:]) / max(1, len(finite[-3:])),
+    return {"lr": lr, "warmup": warmup, "epochs": epochs, "curve": curve, "last3": sum(finite[-3:]) / max(1, len(finite[-3:])),
             "best": max(finite, default=None), "seconds": round(time.perf_counter() - t0, 1),
             "value_path": summary["value_path"], "breakdown_last": {k: v for k, v in (recs[-1] if recs else {}).items()
                                                                     if k.startswith("critic/pretrain_ev_")}}
@@ -117,7 +119,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="chain-demo")
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3,3e-3", help="critic learning rates to sweep")
-    ap.add_argument("--warmups", default="0,10", help="warm-up optimizer steps to sweep")
+    ap.add_argument("--warmups", default="0", help="warm-up optimizer steps to sweep")
+    ap.add_argument("--epochs", default="1,4", help="passes over each value-pretraining rollout to sweep")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
     ap.add_argument("--rounds", type=int, default=30, help="value-pretraining rounds per sweep run")
     ap.add_argument("--eval-batch", type=int, default=256, help="rollouts for the critic vs near-best comparison")
     ap.add_argument("--smoke", action="store_true", help="seconds: 2 rounds, one setting, small batches (tests)")
@@ -125,24 +129,28 @@ def main() -> None:
     a = ap.parse_args()
     lrs = [float(x) for x in a.lrs.split(",")] if not a.smoke else [1e-3]
     warmups = [int(x) for x in a.warmups.split(",")] if not a.smoke else [0]
+    epochs = [int(x) for x in a.epochs.split(",")] if not a.smoke else [1]
     rounds = 2 if a.smoke else a.rounds
-    extra = ["training.batch_size=16", "training.mini_batch_size=16", "eval.num_problems=4"] if a.smoke else []
+    extra = [*a.set, *(["training.batch_size=16", "training.mini_batch_size=16", "eval.num_problems=4"]
+                       if a.smoke else [])]
     t0, load0 = time.perf_counter(), load_avg()
     with tempfile.TemporaryDirectory(prefix="vapo-critic-") as tmp:
         runs = []
         for lr in lrs:
             for w in warmups:
-                r = sweep_run(a.preset, lr, w, rounds, extra, Path(tmp))
-                print(f"lr {lr:g} warmup {w}: held-out EV last3 {r['last3']:.3f} best {r['best']} "
-                      f"({r['seconds']:.0f}s)", flush=True)
-                runs.append(r)
+                for e in epochs:
+                    r = sweep_run(a.preset, lr, w, e, rounds, extra, Path(tmp))
+                    print(f"lr {lr:g} warmup {w} epochs {e}: held-out EV last3 {r['last3']:.3f} best {r['best']} "
+                          f"({r['seconds']:.0f}s)", flush=True)
+                    runs.append(r)
         best = max(runs, key=lambda r: r["last3"])
         cmp_ = compare(a.preset, best["value_path"], 32 if a.smoke else a.eval_batch, extra)
     for name, row in cmp_["ev"].items():
         print(f"  EV {name:9} critic {row['critic']:+.3f}   near-best {row['near_best']:+.3f}")
-    record = {"config": {"preset": a.preset, "rounds": rounds, "smoke": a.smoke, "lrs": lrs, "warmups": warmups},
+    record = {"config": {"preset": a.preset, "rounds": rounds, "smoke": a.smoke, "lrs": lrs, "warmups": warmups,
+                         "epochs": epochs, "overrides": extra},
               "sweep": [{k: v for k, v in r.items() if k != "value_path"} for r in runs],
-              "best": {"lr": best["lr"], "warmup": best["warmup"], "last3": best["last3"]},
+              "best": {"lr": best["lr"], "warmup": best["warmup"], "epochs": best["epochs"], "last3": best["last3"]},
               "comparison": cmp_, "wall_s_total": round(time.perf_counter() - t0, 1),
               "load_avg_start": load0, "load_avg_end": load_avg()}
     path = write_record("critic", record, Path(a.out) if a.out else None)
@@ -157,7 +165,7 @@ def _plot(runs: list[dict], cmp_: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
         a.plot(range(1, len(r["curve"]) + 1), [x if x is not None else float("nan") for x in r["curve"]],
-               label=f"lr {r['lr']:g}, warm-up {r['warmup']}")
+               label=f"lr {r['lr']:g}, warm-up {r['warmup']}, epochs {r['epochs']}")
     a.set_xlabel("value-pretraining round")
     a.set_ylabel("held-out explained variance")
     a.legend(fontsize=7)

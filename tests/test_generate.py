@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 
-from vapo_engine.rollout.generate import Generation, generate, mask_after_eos, response_lengths
 from vapo_engine.builtin_model import make_model_dir
+from vapo_engine.rollout.generate import Generation, generate, mask_after_eos, response_lengths
+from vapo_engine.rollout.tokenizer import load_tokenizer
 
 PROMPTS = ["1+1=", "0047+0385=", "hello, world: ", "9", "The quick brown fox jumps over"]
 
@@ -29,7 +30,7 @@ def model(model_dir):
 
 @pytest.fixture
 def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_tokenizer(model_dir)
 
 
 def _boost_eos(model, tokenizer, amount: float):

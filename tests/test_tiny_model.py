@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from vapo_engine.builtin_model import (
     DONE_MARKER,
@@ -26,6 +26,7 @@ from vapo_engine.builtin_model import (
 )
 from vapo_engine.builtin_model import build as tiny_model
 from vapo_engine.builtin_model.sft import encode_sft_batch, evaluate, sft_warm_start
+from vapo_engine.rollout.tokenizer import load_tokenizer
 from vapo_engine.tasks import AdditionTask, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,13 +66,19 @@ def test_default_model_is_about_one_million_parameters(tokenizer):
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 
-def test_model_dir_loads_with_auto_classes(tmp_path):
+def test_model_dir_loads_and_its_tokenizer_round_trips_whitespace(tmp_path):
+    """Saved and loaded, the tokenizer is still one token per character, spaces and newlines included
+    (transformers 5's AutoTokenizer alone rebuilds it as a Qwen2 BPE tokenizer that drops them)."""
+    from vapo_engine.rollout.tokenizer import load_tokenizer
     out = make_model_dir(tmp_path / "m", **TINY, seed=1)
-    tok = AutoTokenizer.from_pretrained(out)
+    tok = load_tokenizer(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tok)
     assert tok.padding_side == "left"
-    assert tok.decode(tok("12+3=")["input_ids"], skip_special_tokens=True) == "12+3="
+    text = "52 a-3 b+9\na 52-3=49\n;49"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text) + 1 and tok.decode(ids, skip_special_tokens=True) == text
+    assert tok(text)["input_ids"] == build_tokenizer()(text)["input_ids"]
     enc = tok(["1+1=", "12+34="], return_tensors="pt", padding=True)
     assert enc["attention_mask"][0].tolist()[:2] == [0, 0]  # left padding
     with torch.no_grad():
@@ -150,7 +157,7 @@ def test_builtin_model_dir_builds_once_and_ignores_killed_builds(tmp_path):
     metrics = json.loads((out / "sft_metrics.json").read_text())
     assert metrics["steps"] == 3 and "heldout_greedy_acc" in metrics and "build_seconds" in metrics
     assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 32
-    assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
+    assert load_tokenizer(out).eos_token == "<eos>"
     stamp = (out / DONE_MARKER).read_text()
 
     logs.clear()

@@ -3,7 +3,9 @@
 - `build_tokenizer()`: vocabulary = printable ASCII + newline, special tokens <pad>/<bos>/<eos>/<unk>, BOS
   prepended, left padding, exact round-trip decoding; built locally with `tokenizers` (no hub access).
 - `make_model_dir(out_dir, ...)`: an untrained model + tokenizer saved with `save_pretrained`, so
-  `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(dir)` load it like any other checkpoint.
+  `AutoModelForCausalLM.from_pretrained(dir)` loads it like any other checkpoint; load the tokenizer with
+  `vapo_engine.rollout.tokenizer.load_tokenizer(dir)` (transformers 5's AutoTokenizer rebuilds a qwen2
+  directory's tokenizer as byte-level BPE and drops spaces and newlines).
 
 It deliberately has no chat template (prompts are plain text).
 """

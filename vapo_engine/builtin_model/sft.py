@@ -88,7 +88,7 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
                    val_size: int = 256, warmup_steps: int = 20, weight_decay: float = 0.01,
                    max_grad_norm: float = 1.0, seed: int = 0, max_new_tokens: int | None = None,
                    bf16: bool | None = None, length_buckets: bool = False, val_buckets: tuple[str, ...] = (),
-                   log: Callable[[str], None] = print) -> dict:
+                   draw: Callable | None = None, log: Callable[[str], None] = print) -> dict:
     """Train until the greedy validation accuracy reaches `target_greedy[0]` (or `max_steps`); return metrics.
 
     Validation problems are a fixed draw from the *training* distribution (seeded), so the held-out split
@@ -97,8 +97,8 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
     autocast (weights and optimizer stay float32): ~1.4x faster on CPUs with bf16 instructions (AVX512-BF16,
     AMX), but ~100x slower on AVX2-only CPUs, so the default (None) measures which is faster here.
 
-    Problems come from `task.sft_batch` when the task has one (its warm-start distribution), else
-    `task.train_batch`. `length_buckets` draws eight batches at a time and groups problems of similar length
+    Problems come from `draw(n, rng)`, by default `task.sft_batch` when the task has one (its warm-start
+    distribution), else `task.train_batch`. `length_buckets` draws eight batches at a time and groups problems of similar length
     into the same batch, so a batch is padded to its own length, not to the longest problem of the draw
     (~3× faster on tasks whose answers vary in length). `val_buckets` restricts the validation draw (and so
     the stopping rule) to those difficulty buckets of the task (e.g. only short chains).
@@ -108,7 +108,7 @@ def sft_warm_start(model, tokenizer, task, *, max_steps: int = 2000, batch_size:
         bf16 = model.device.type == "cuda" or bf16_matmul_is_fast()
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    draw = getattr(task, "sft_batch", task.train_batch)
+    draw = draw or getattr(task, "sft_batch", task.train_batch)
     val = draw(val_size * (8 if val_buckets else 1), random.Random(seed + 1_000_003))
     val = [p for p in val if not val_buckets or task.bucket(p) in val_buckets][:val_size]
     batches = _batches(task, draw, batch_size, rng, length_buckets)

@@ -6,10 +6,11 @@ sparse success, a value model that must notice a mistake when it is made):
     prompt    "47 a+8 b-3 c+9\\n"                      a start value, then `steps` labelled operations
     response  "a 47+8=55\\nb 55-3=52\\nc 52+9=61\\n;61"   one fixed-width line per step, then `;answer`
 
-- **Length varies ≥ 10×** inside one batch: 1 to 20 steps give responses of 14 to 204 tokens (10 characters a
-  line with the built-in character tokenizer, plus `;` and the two answer digits).
-- **Difficulty is visible from the prompt** (the number of operations) and `bucket()` names it: short (1–4
-  steps), mid (5–11), long (12–20).
+- **Length varies ≥ 10×** inside one batch: 1 to 14 steps give responses of 14 to 144 tokens (10 characters a
+  line with the built-in character tokenizer, plus `;`, the two answer digits and EOS).
+- **Difficulty is visible from the prompt** (the number of operations) and `bucket()` names it: short (1–3
+  steps), mid (4–8), long (9–14). The hard part is finding a line's operation among many in a long prompt:
+  the built-in model's warm-start makes its mistakes there (copying the wrong sign or digit), not in the sums.
 - **Every step is checkable locally**: a line copies the previous line's total and the operation with its
   label from the prompt, and adds or subtracts one digit; totals stay in 0–99 and are written with two digits,
   so every line has the same shape. Every line is determined by the prompt, so a response that has left the
@@ -30,7 +31,7 @@ from .base import Problem, sample_split
 LABELS = string.ascii_lowercase
 LINE = 10
 """Characters per response line: `a 47+8=55` plus the newline."""
-BUCKETS = (("short", 1, 4), ("mid", 5, 11), ("long", 12, 20))
+BUCKETS = (("short", 1, 3), ("mid", 4, 8), ("long", 9, 26))
 _HELDOUT_FRACTION = 0.1
 _HELDOUT_SEED = 20251201
 
@@ -40,7 +41,7 @@ class ChainTask:
 
     name = "builtin:chain"
 
-    def __init__(self, min_steps: int = 1, max_steps: int = 20):
+    def __init__(self, min_steps: int = 1, max_steps: int = 14):
         if not 1 <= min_steps <= max_steps <= len(LABELS):
             raise ValueError(f"need 1 <= min_steps <= max_steps <= {len(LABELS)}")
         self.min_steps, self.max_steps = min_steps, max_steps
@@ -63,8 +64,9 @@ class ChainTask:
         return sample_split(self._make, n, rng, heldout=False, salt=self.name, fraction=_HELDOUT_FRACTION)
 
     def sft_batch(self, n: int, rng: random.Random) -> list[Problem]:
-        """The warm-start's problems: step counts drawn ∝ 1/steps, so most are short (58% have ≤ 4 steps) and
-        long chains are rare: after SFT short chains are mostly solved and long ones rarely (sparse reward)."""
+        """The first warm-start phase's problems: step counts drawn ∝ 1/steps, so most are short (56% have ≤ 3
+        steps) and long ones rare; the builder's second phase (the RL distribution) stops while long chains are
+        still mostly failed (sparse reward for RL)."""
         counts = list(range(self.min_steps, self.max_steps + 1))
         weights = [1 / c for c in counts]
         return [sample_split(lambda r, s=rng.choices(counts, weights)[0]: self._make(r, s), 1, rng, heldout=False,
@@ -95,7 +97,7 @@ class ChainTask:
 
     def bucket(self, problem: Problem) -> str:
         n = self.steps_of(problem.prompt)
-        return next(name for name, lo, hi in BUCKETS if lo <= n <= hi) if n <= BUCKETS[-1][2] else "long"
+        return next(name for name, lo, hi in BUCKETS if lo <= n <= hi)
 
     def solve(self, prompt: str) -> str:
         """The reference response for `prompt` (without EOS)."""

@@ -16,12 +16,12 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
-    AutoTokenizer,
     PreTrainedModel,
 )
 from transformers.utils import logging as hf_logging
 
 from vapo_engine.errors import UserError
+from vapo_engine.rollout.tokenizer import load_tokenizer
 
 
 class ModelLoadError(UserError):
@@ -86,7 +86,7 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = load_tokenizer(path)
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load model from {str(path)!r}: {e}") from None
