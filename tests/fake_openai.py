@@ -12,6 +12,10 @@ and 404 `model_not_found` for unknown models; any other path is a route 404 (`{"
 Scripted `Reply`s can set status, headers, a JSON or raw body, a delay before the response, SSE events
 (optionally cut off mid-stream: `break_after`), and are served in order. Every request is recorded.
 
+`delay` holds every default reply that long (latency tests); `redirect=(307, "http://other:port")` answers
+every request with that redirect to the same path on the other server (a base URL that moved, or a hostile
+one); each recorded request notes how many requests were in flight when it arrived (`in_flight`).
+
 `echo=True` makes it a hostile server (or proxy) that echoes the key it was sent everywhere it can: in
 response headers (values, a header *name*, a base64 `Basic` value, the reason phrase), as a model id in
 `GET /models`, as the `model` of completions, inside the answer and the reasoning text (whole, partly,
@@ -101,14 +105,18 @@ class Recorded:
     headers: dict[str, str]
     json: Any
     t: float
+    in_flight: int = 0
+    """Requests being served when this one arrived (itself included)."""
 
 
 class FakeOpenAI:
     """The server; use as a context manager. `base_url` ends with /v1."""
 
     def __init__(self, *, key: str | None = None, models=("qwen-32b", "qwen-14b"),
-                 answers: dict[str, str] | None = None, prefix: str = "/v1", echo: bool = False):
+                 answers: dict[str, str] | None = None, prefix: str = "/v1", echo: bool = False,
+                 delay: float = 0.0, redirect: tuple[int, str] | None = None):
         self.key, self.models, self.prefix, self.echo = key, list(models), prefix, echo
+        self.delay, self.redirect = delay, redirect
         self.answers = answers or {}
         self.requests: list[Recorded] = []
         self.in_flight = self.max_in_flight = 0
@@ -156,6 +164,13 @@ class FakeOpenAI:
         return None
 
     def default_reply(self, method: str, path: str, headers: dict, body: Any) -> Reply:
+        if self.redirect is not None:
+            status, target = self.redirect
+            return Reply(status, body=f"moved to {target}{path}", headers={"location": f"{target}{path}"})
+        reply = self._served_reply(path, headers, body)
+        return replace(reply, delay=max(reply.delay, self.delay))
+
+    def _served_reply(self, path: str, headers: dict, body: Any) -> Reply:
         if path not in (f"{self.prefix}/models", f"{self.prefix}/chat/completions"):
             return Reply(404, json={"detail": "Not Found"})
         auth = headers.get("authorization", "")
@@ -216,9 +231,9 @@ def _handler(fake: FakeOpenAI):
                 body = raw.decode("utf-8", "replace")
             headers = {k.lower(): v for k, v in self.headers.items()}
             with fake._lock:
-                fake.requests.append(Recorded(method, self.path, headers, body, time.monotonic()))
                 fake.in_flight += 1
                 fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                fake.requests.append(Recorded(method, self.path, headers, body, time.monotonic(), fake.in_flight))
             try:
                 reply = fake.next_scripted(method, self.path) or fake.default_reply(method, self.path, headers,
                                                                                      body)

@@ -15,6 +15,7 @@ from vapo_engine.diagnostics import (
     Evidence,
     RuleFileError,
     evaluate,
+    gather_evidence,
     load_rules,
     parse_rule_file,
     predicate,
@@ -73,6 +74,7 @@ CASES = {
         "message": "This model's maximum context length is 8192 tokens, you requested 12000"}})},
     "http-400-bad-request": lambda tmp: {"status": 422, "body": '{"detail": [{"loc": ["body"], "msg": "bad"}]}'},
     "http-200-error-body": lambda tmp: {"status": 200, "body": '{"code": 500, "msg": "upstream failed"}'},
+    "http-3xx-redirect": lambda tmp: {"status": 307, "headers": ["Location: https://other.example/v1/chat"]},
     "net-dns": lambda tmp: {"text": "httpx.ConnectError: [Errno -2] Name or service not known"},
     "net-refused": lambda tmp: {"text": "ConnectionRefusedError: [Errno 111] Connection refused"},
     "net-tls-http-port": lambda tmp: {"text": "ssl.SSLError: [SSL: WRONG_VERSION_NUMBER] wrong version number"},
@@ -142,9 +144,16 @@ def test_specific_rules_rank_first(rule_id, top, tmp_path):
 
 
 def test_key_shape_rules_rank_above_generic_401(tmp_path):
+    """The server's own key is the cause when its own channel is checked; for a pasted 401 it is a labelled
+    fact about this server's channel that ranks after the finding about the pasted error."""
+    ev = gather_evidence(settings_path=write_settings(tmp_path), env={"TEST_KEY": f"Bearer {CANARY}"})
+    live = evaluate(ev.model_copy(update={"status": 401}), limit=50)
+    assert live[0].rule_id == "key-bearer-prefix" and "http-401-key-rejected" in [f.rule_id for f in live]
     d = diagnose_error(status=401, settings_path=write_settings(tmp_path), env={"TEST_KEY": f"Bearer {CANARY}"})
-    assert d.findings[0].rule_id == "key-bearer-prefix"
-    assert "http-401-key-rejected" in [f.rule_id for f in d.findings]
+    ids = [f.rule_id for f in d.findings]
+    assert ids[0] == "http-401-key-rejected" and d.findings[0].scope == "given"
+    shape = d.findings[ids.index("key-bearer-prefix")]
+    assert shape.scope == "server_channel" and shape.title.startswith("this server's channel: ")
 
 
 def test_dotenv_ignored_is_not_reported(tmp_path):

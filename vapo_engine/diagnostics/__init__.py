@@ -23,6 +23,7 @@ from .evidence import (
 )
 from .gather import channel_facts, error_facts, gather_evidence, parse_headers, statuses_in_text, text_facts
 from .predicates import FACTS, PREDICATES, close_matches, fact, predicate
+from .provider_down import explain_provider_down
 from .rules import Rule, RuleFileError, load_rules, parse_rule_file
 
 PREDICATE_MODULES: list[str] = ["vapo_engine.diagnostics.training"]
@@ -32,5 +33,5 @@ for _mod in PREDICATE_MODULES:
 
 __all__ = ["FACTS", "PREDICATES", "CodeHit", "Diagnosis", "DotenvFacts", "Evidence", "Finding", "KeyFacts",
            "ProxyFacts", "Rule", "RuleFileError", "URLFacts", "channel_facts", "close_matches", "diagnose",
-           "error_facts", "evaluate", "fact", "gather_evidence", "key_facts", "load_rules", "parse_headers",
-           "parse_rule_file", "predicate", "proxy_facts", "render", "statuses_in_text", "text_facts", "url_facts"]
+           "error_facts", "evaluate", "explain_provider_down", "fact", "gather_evidence", "key_facts",
+           "load_rules", "parse_headers", "parse_rule_file", "predicate", "proxy_facts", "render", "statuses_in_text", "text_facts", "url_facts"]

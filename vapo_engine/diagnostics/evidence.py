@@ -86,6 +86,11 @@ class DotenvFacts(BaseModel):
     """ignored | not_ignored | not_a_repo | git_missing | error"""
 
 
+SERVER_FACT_FIELDS = ("key", "url", "model", "fallback_model", "proxy", "base_url_override", "config_issues",
+                      "settings_key_problems")
+"""Evidence fields that `gather` fills from this server's own settings, environment and config files."""
+
+
 class Evidence(BaseModel):
     """Everything known about one problem. Every field is optional; predicates skip what is missing."""
 
@@ -115,6 +120,18 @@ class Evidence(BaseModel):
     inputs: list[str] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)
     """Evidence contributed by other modules (e.g. `metrics` for training rules), keyed by name."""
+    pasted: bool = False
+    """The caller handed over an error (status, body, headers, log/traceback text) from *their* program."""
+    server_facts: list[str] = Field(default_factory=list)
+    """Fields that describe this server's own channel and files (its key, base URL, proxy variables,
+    settings.json / config.toml), not the pasted error. With `pasted`, findings that need them rank after the
+    findings about the error and are labelled (engine.evaluate)."""
+
+    def caller_view(self) -> Evidence:
+        """This evidence without the server's own facts: what the pasted error alone supports."""
+        cleared = {name: type(self).model_fields[name].get_default(call_default_factory=True)
+                   for name in self.server_facts}
+        return self.model_copy(update={**cleared, "server_facts": []})
 
     def said(self) -> str:
         """Everything the server or the log said, as one string for pattern predicates."""

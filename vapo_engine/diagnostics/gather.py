@@ -1,7 +1,10 @@
 """Build `Evidence` from what a user or a tool has: status, body, headers, log text, files, code, a live error.
 
 This is the I/O side of diagnostics (reading settings/config, scanning code, running git); the evaluator in
-`engine.py` stays pure. Every string that enters `Evidence` is scrubbed (known key + credential patterns);
+`engine.py` stays pure. It also records where facts came from: a status, body, headers or log text given by the
+caller is a *pasted* error (`Evidence.pasted`), while the key, base URL, proxy variables and config files read
+here describe this server's own channel (`Evidence.server_facts`) — an MCP server started by an IDE has no key,
+and that must not be the headline of a 429 pasted from the user's program. Every string that enters `Evidence` is scrubbed (known key + credential patterns);
 what a user pastes (a body, headers, a log, a question) is also cleared of bare tokens that look like a key
 (`looks_like_secret`: a key with no prefix and no name around it, e.g. echoed inside an error message).
 """
@@ -36,7 +39,16 @@ from vapo_engine.providers import (
 )
 from vapo_engine.rundir import CONFIG_JSON, METRICS, RUN_JSON, SUMMARY_JSON, WORKER_LOG, RunDir, step_of
 
-from .evidence import ENV_NAME, Evidence, crash_facts, key_facts, pack_metrics, proxy_facts, url_facts
+from .evidence import (
+    ENV_NAME,
+    SERVER_FACT_FIELDS,
+    Evidence,
+    crash_facts,
+    key_facts,
+    pack_metrics,
+    proxy_facts,
+    url_facts,
+)
 from .scan import dotenv_status, scan_code
 
 MAX_BODY, MAX_TEXT = 4000, 8000
@@ -196,7 +208,8 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
                     run_dir: str | Path | None = None) -> Evidence:
     """Everything given, as one scrubbed `Evidence`. Missing files become config issues, not exceptions;
     a `run_dir` that is not a run directory raises `ValueError`."""
-    fields: dict[str, Any] = {"inputs": [], "extra": {}}
+    fields: dict[str, Any] = {"inputs": [], "extra": {},
+                              "pasted": any(x is not None and x != "" for x in (status, body, headers, text))}
     secrets: list = []
     if settings_path is not None or config_path is not None:
         sp = Path(settings_path) if settings_path is not None else None
@@ -211,6 +224,7 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
         fields.update(channel_facts(channel, env))
         secrets = [channel.key] if channel.key else []
         fields["inputs"].append("channel")
+    server = {name for name in SERVER_FACT_FIELDS if name in fields}
     if text:
         fields["extra"]["question"] = _clean(text, 2000, secrets)
     if config_path is not None and (cfg := _config_dump(Path(config_path))) is not None:
@@ -223,12 +237,17 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
     if error is not None:
         fields.update({k: v for k, v in error_facts(error).items() if v not in (None, {}, "")})
         fields["inputs"].append("client error")
+        server -= {"model"} if error.model else set()
     _direct(fields, secrets, status=status, body=body, headers=headers, model=model, base_url=base_url,
             history=history)
+    server -= {"model"} if model else set()
+    server -= {"url"} if base_url else set()
     if code_path is not None:
         _code(fields, Path(code_path), settings_path)
     if "proxy" not in fields:
         fields["proxy"] = proxy_facts(os.environ if env is None else env)
+        server.add("proxy")
+    fields["server_facts"] = sorted(server)
     return Evidence(**fields)
 
 

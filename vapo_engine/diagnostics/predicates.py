@@ -271,9 +271,19 @@ def close_matches(name: str, candidates: list[str], n: int = 3) -> list[str]:
 
 # --- facts for templates --------------------------------------------------------------------------------
 
+_NAMED_MODEL = re.compile(r"\bmodel\b[ :=]*[`'\"]([^`'\"\s]{1,100})[`'\"]", re.IGNORECASE)
+
+
+def named_model(ev: Evidence) -> str | None:
+    """The model id the error itself quotes ("The model `gpt-5` does not exist"), when none was given."""
+    m = _NAMED_MODEL.search(ev.said())
+    return m.group(1) if m else None
+
+
 for _name, _get in {
     "status": lambda ev: str(ev.status) if ev.status is not None else None,
-    "model": lambda ev: ev.model,
+    "model": lambda ev: ev.model or named_model(ev),
+    "redirect_location": lambda ev: ev.headers.get("location"),
     "fallback_model": lambda ev: ev.fallback_model,
     "api_key_env": lambda ev: ev.key.env_name if ev.key else None,
     "key_source": lambda ev: ev.key.source if ev.key else None,

@@ -1,10 +1,17 @@
 """Async client for OpenAI-compatible APIs: `GET /models`, `POST /chat/completions` (plain and SSE).
 
 What it does, in order, for every call: normalise the base URL (`urls.py`), add the settings' default headers
-and `Authorization: Bearer <key>` (the only place the key is revealed), wait for a concurrency slot, send,
-turn every failure into a typed error (`errors.py`), and retry by the table in `retry.py`. A 200 that holds an
-error body is an error too. `chat_with_fallback` switches to `models.fallback` when the reasoning model is
-unavailable (404 model-not-found, 5xx or 429 after retries) and the answer says which model answered.
+and `Authorization: Bearer <key>` (the only place the key is revealed), wait for a concurrency slot (a fixed
+semaphore, or the adaptive `pool.ConcurrencyController` when one is given: shared Retry-After cool-down, AIMD
+limit, counters), send, turn every failure into a typed error (`errors.py`), and retry by the table in
+`retry.py`. A 200 that holds an error body is an error too.
+
+The key goes only to the base URL's origin: every URL is built from it, `_request_headers` refuses any other
+origin, `from_channel` refuses a `base_url` on another origin than the channel's, and redirects are never
+followed (httpx `follow_redirects=False`; a 3xx becomes `RedirectError`, saying where it pointed).
+
+`chat_with_fallback` switches to `models.fallback` when the reasoning model is unavailable (404 model-not-found,
+5xx or 429 after retries) and the answer says which model answered.
 
 Everything the server sends is untrusted text: headers, JSON bodies (model ids, answers, usage) and SSE
 chunks are scrubbed of the key (`redaction.py`) before they leave this module, and the key is guarded in the
@@ -18,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -40,10 +48,11 @@ from .errors import (
     status_error,
 )
 from .netclass import classify_network_text, exception_text
+from .pool import Attempt, ConcurrencyController
 from .redaction import guard_logs, safe_text, scrub, scrub_obj
 from .retry import RetryPolicy, call_with_retry
 from .sse import read_stream
-from .urls import BaseURL, normalize_base_url
+from .urls import BaseURL, BaseURLError, normalize_base_url
 
 log = logging.getLogger("vapo_engine.providers")
 USER_AGENT = "vapo-mcp/0.1"
@@ -103,7 +112,8 @@ class ProviderClient:
     def __init__(self, base_url: str | BaseURL, key: Secret | None = None, *,
                  headers: Mapping[str, str] | None = None, timeout: float = 120.0, max_retries: int = 3,
                  policy: RetryPolicy | None = None, max_concurrency: int = 8, trust_env: bool | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 controller: ConcurrencyController | None = None):
         self.base = base_url if isinstance(base_url, BaseURL) else normalize_base_url(base_url)
         self._key = key
         if key is not None:
@@ -113,16 +123,24 @@ class ProviderClient:
         self.policy = policy or RetryPolicy(max_retries=max_retries)
         self.max_concurrency = max(1, int(max_concurrency))
         self._limit = asyncio.Semaphore(self.max_concurrency)
+        self.controller = controller
         self.trust_env = (not self.base.is_loopback) if trust_env is None else trust_env
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
 
     @classmethod
     def from_channel(cls, channel: Channel, **kw) -> ProviderClient:
-        """Build from `resolve_channel(...)`: base URL, key, default headers, timeout and max_retries."""
+        """Build from `resolve_channel(...)`: base URL, key, default headers, timeout and max_retries. A
+        `base_url` (e.g. the already-normalised one) must have the channel's origin: the key goes nowhere else."""
         kw.setdefault("timeout", channel.timeout_seconds)
         kw.setdefault("policy", RetryPolicy(max_retries=channel.max_retries))
-        base = kw.pop("base_url", None) or channel.base_url
+        own = normalize_base_url(channel.base_url)
+        base = kw.pop("base_url", None) or own
+        base = base if isinstance(base, BaseURL) else normalize_base_url(base)
+        if base.origin != own.origin:
+            raise BaseURLError(scrub(base.url), "foreign_origin", "the key is sent only to the configured base "
+                               f"URL ({scrub(own.url)})", "change api.base_url in settings.json (or "
+                               "TAOTOKEN_BASE_URL) to move the channel; no argument can redirect the key")
         return cls(base, channel.key, headers=channel.headers, **kw)
 
     def __repr__(self) -> str:
@@ -156,9 +174,16 @@ class ProviderClient:
                                          secrets=self._secrets) from None
         return self._http
 
-    def _request_headers(self, auth: bool) -> dict[str, str]:
+    def _slot(self):
+        """The concurrency slot of one attempt: the controller's (adaptive), else the fixed semaphore."""
+        return self.controller.slot() if self.controller is not None else _semaphore_slot(self._limit)
+
+    def _request_headers(self, auth: bool, url: str) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **self._headers}
         if auth and self._key is not None:
+            if not self.base.owns(url):
+                raise APIConnectionError(f"refused to send the key to {scrub(url)}: it goes only to "
+                                         f"{scrub(self.base.url)}", kind="foreign_origin", url=scrub(url))
             raw = self._key.reveal()
             bad = raw != raw.strip() or any(ord(c) < 32 or ord(c) > 126 for c in raw)
             if bad:
@@ -170,7 +195,7 @@ class ProviderClient:
     async def _send(self, method: str, url: str, *, payload: Any, auth: bool, model: str | None,
                     accept_sse: bool = False) -> httpx.Response:
         """One HTTP attempt, streamed; non-2xx raises the typed error (the body is read and closed)."""
-        headers = self._request_headers(auth)
+        headers = self._request_headers(auth, url)
         if accept_sse:
             headers["Accept"] = "text/event-stream"
         kw = {"url": scrub(url), "model": model, "secrets": self._secrets}
@@ -205,7 +230,7 @@ class ProviderClient:
             nonlocal calls
             calls += 1
             t0 = time.perf_counter()
-            async with self._limit:
+            async with self._slot():
                 resp = await self._send("GET", url, payload=None, auth=auth, model=None)
                 try:
                     data = await self._json(resp, url)
@@ -218,7 +243,7 @@ class ProviderClient:
                              rate_limit_headers=rate_limit_headers(resp.headers, secrets=self._secrets))
 
         policy = self.policy if retry else RetryPolicy(max_retries=0)
-        return await call_with_retry(once, policy, what=f"GET {scrub(url)}")
+        return await call_with_retry(once, policy, what=f"GET {scrub(url)}", on_retry=self._on_retry)
 
     async def _json(self, resp: httpx.Response, url: str, model: str | None = None) -> Any:
         """The JSON body, every string in it scrubbed of the key; an error body or non-JSON raises."""
@@ -252,11 +277,19 @@ class ProviderClient:
         async def once() -> ChatResult:
             nonlocal calls
             calls += 1
-            async with self._limit:
-                return await self._chat_once(url, payload, model, stream, on_delta)
+            async with self._slot() as attempt:
+                result = await self._chat_once(url, payload, model, stream, on_delta)
+                if attempt is not None:
+                    attempt.usage = result.usage
+                return result
 
-        result = await call_with_retry(once, self.policy, what=f"POST {scrub(url)} model={model}")
+        result = await call_with_retry(once, self.policy, what=f"POST {scrub(url)} model={model}",
+                                       on_retry=self._on_retry)
         return result.model_copy(update={"attempts": calls, "elapsed_s": time.perf_counter() - start})
+
+    @property
+    def _on_retry(self):
+        return self.controller.note_retry if self.controller is not None else None
 
     async def _chat_once(self, url: str, payload: dict, model: str, stream: bool, on_delta) -> ChatResult:
         t0 = time.perf_counter()
@@ -296,13 +329,20 @@ class ProviderClient:
 
     async def sample(self, messages: Sequence[Mapping[str, Any]], n: int, *, model: str,
                      **kw: Any) -> list[ChatResult | ProviderError]:
-        """`n` samples of one prompt (group sampling), at most `max_concurrency` in flight."""
+        """`n` samples of one prompt (group sampling), at most `max_concurrency` in flight (or the controller's
+        adaptive limit). For many prompts in the background, use `worker.ProviderWorker`."""
         async def one() -> ChatResult | ProviderError:
             try:
                 return await self.chat(messages, model=model, **kw)
             except ProviderError as e:
                 return e
         return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+@asynccontextmanager
+async def _semaphore_slot(sem: asyncio.Semaphore) -> AsyncIterator[Attempt | None]:
+    async with sem:
+        yield None
 
 
 def _content(message: Mapping[str, Any]) -> str:

@@ -8,7 +8,8 @@ Hierarchy (the retry table in `retry.py` reads `kind` and `status`):
     ├── APIStatusError          any non-2xx; subclasses by status:
     │   BadRequestError 400, AuthenticationError 401, PaymentRequiredError 402, PermissionDeniedError 403,
     │   NotFoundError 404 (`target`: route | model), RequestTimeoutError 408, ConflictError 409,
-    │   UnprocessableEntityError 422, RateLimitError 429 (`quota_exhausted`, `cooldown`), ServerError 5xx
+    │   UnprocessableEntityError 422, RateLimitError 429 (`quota_exhausted`, `cooldown`), ServerError 5xx,
+    │   RedirectError 3xx (`location`: redirects are never followed, so the key never leaves the base URL)
     ├── BadResponseError        HTTP 200 that is not a usable answer: kind error_body | not_json
     │   └── StreamError         kind stream_broken (retryable) | stream_error (error event in the stream)
     └── KeyFormatError          the key cannot be sent (newline, surrounding spaces, non-ASCII)
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from vapo_engine.config.secrets import strip_url_credentials
 
 from .errorbody import (
     ErrorInfo,
@@ -143,6 +146,21 @@ class ServerError(APIStatusError):
     kind = "server"
 
 
+class RedirectError(APIStatusError):
+    """A 3xx answer. The client does not follow redirects: the key goes only to the configured base URL, and
+    a redirect would carry it to an address the user never configured. `location` is scrubbed and bounded;
+    it is also kept in `headers["location"]` so the diagnostics can quote it."""
+
+    kind = "redirect"
+
+    def __init__(self, message: str, *, location: str | None = None, **kw):
+        shown = safe_text(strip_url_credentials(location or ""), 300, kw.get("secrets", ())) or None
+        super().__init__(message + (f"; it points to {shown}" if shown else ""), **kw)
+        self.location = shown
+        if shown:
+            self.headers["location"] = shown
+
+
 class BadResponseError(ProviderError):
     """HTTP 200 but not a usable answer (an error body, not JSON)."""
 
@@ -173,7 +191,11 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
 
 
 def status_error(status: int, info: ErrorInfo | None, **kw) -> APIStatusError:
-    """The typed error for an HTTP status, with a readable message."""
+    """The typed error for an HTTP status, with a readable message (a 3xx says where it pointed)."""
+    if 300 <= status < 400:
+        headers = {k.lower(): v for k, v in (kw.get("headers") or {}).items()}
+        return RedirectError(f"HTTP {status}: redirect not followed (the key is sent only to the configured "
+                             "base URL)", status=status, info=info, location=headers.get("location"), **kw)
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else APIStatusError)
     detail = info.short() if info and info.message else "(no error message in the body)"
     return cls(f"HTTP {status}: {detail}", status=status, info=info, **kw)

@@ -9,6 +9,7 @@
 | HTTP 408, 409, 429, 5xx                          | yes    | `retry-after-ms`, else `retry-after`, else backoff |
 | HTTP 429 quota / balance exhausted               | no     | — (waiting does not refill a quota)               |
 | HTTP 400, 401, 402, 403, 404, 422, other 4xx     | never  | —                                                 |
+| HTTP 3xx redirect                                | never  | — (not followed: the key stays with the base URL)  |
 | 200 with an error body, not JSON, key format     | no     | —                                                 |
 | `x-should-retry: true/false` (retryable statuses) | header wins |                                              |
 | Retry-After longer than `retry_after_cap`        | no     | give up at once, saying why                       |
@@ -72,6 +73,8 @@ def decide(exc: BaseException, attempt: int, policy: RetryPolicy) -> Decision:
             return Decision(True, f"{exc.kind} error", backoff(policy, attempt))
         return Decision(False, f"{exc.kind} errors are not retried")
     status = exc.status
+    if 300 <= status < 400:
+        return Decision(False, f"HTTP {status} redirect: not followed, so the key never leaves the base URL")
     if status in NEVER_RETRY_STATUSES:
         return Decision(False, f"HTTP {status} is never retried")
     if isinstance(exc, RateLimitError) and exc.quota_exhausted:

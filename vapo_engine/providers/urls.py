@@ -75,12 +75,31 @@ class BaseURL:
     def is_loopback(self) -> bool:
         return is_loopback_host(self.host)
 
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        """(scheme, host, port) — where the key may go; default ports filled in."""
+        return origin_of(self.url)
+
+    def owns(self, url: str) -> bool:
+        """True when `url` has this base URL's origin (the only origin the key is ever sent to)."""
+        try:
+            return origin_of(url) == self.origin
+        except ValueError:
+            return False
+
     def endpoint(self, path: str) -> str:
         """`<base>/<path>` with exactly one slash between them."""
         return f"{self.url}/{path.lstrip('/')}"
 
     def __str__(self) -> str:
         return self.url
+
+
+def origin_of(url: str) -> tuple[str, str, int]:
+    """(scheme, lower-case host, port) of `url`, the port defaulted from the scheme (80 / 443)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
 def is_loopback_host(host: str) -> bool:
