@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 from tools import access, training
 from tools import channel as channel_tools
 from tools import diagnose as diagnose_tools
+from tools import evaluate as evaluate_tools
 from tools import report as report_tools
 from tools.paths import files, manager_for
 from vapo_engine.metrics import CATALOGUE
@@ -105,6 +106,7 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
     _channel_tools(mcp)
     _training_tools(mcp)
     _run_tools(mcp)
+    _evaluate_tool(mcp)
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(request):
@@ -116,7 +118,8 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
 INSTRUCTIONS = ("Check an OpenAI-compatible API channel (check_channel, smoke_test), diagnose errors "
                 "(diagnose_error), and run/ablate/monitor VAPO RL training on local hardware (start_training, "
                 "ablate, run_status, report_metrics, list_runs, stop_run, resume_run). Training calls return a "
-                "run id at once; poll run_status.")
+                "run id at once; poll run_status. evaluate measures held-out accuracy of the API model or a "
+                "run's checkpoint the way a run evaluates its policy.")
 
 
 def _channel_tools(mcp: MCPServer) -> None:
@@ -280,3 +283,45 @@ def _run_tools(mcp: MCPServer) -> None:
         """Continue a failed or stopped run from its newest checkpoint (a new run id in the same directory)."""
         f = files()
         return await anyio.to_thread.run_sync(lambda: training.resume_run(f, run_id))
+
+
+EVALUATES = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True)
+
+
+def _evaluate_tool(mcp: MCPServer) -> None:
+    @mcp.tool(annotations=EVALUATES)
+    @agent_errors
+    async def evaluate(
+        ctx: Context,
+        backend: Annotated[Literal["channel", "local"], Field(
+            description="channel: the configured API model (a provider, or a checkpoint served with vapo-mcp "
+                        "serve-model); local: a run's checkpoint, in a worker process")] = "channel",
+        run_id: Annotated[RunId | None, Field(description="local: the run whose checkpoint to evaluate; both "
+                                                          "backends: use that run's eval settings")] = None,
+        step: Annotated[int | None, Field(ge=0, description="local: the checkpoint's policy step (default: the "
+                                                            "newest that verifies)")] = None,
+        model: Annotated[str | None, Field(max_length=200, description="channel: model id (default: "
+                                                                       "models.reasoning, with the fallback)")] = None,
+        benchmark: Annotated[str | None, Field(max_length=300, description="builtin:addition, builtin:chain, a "
+                                               "JSONL name (<data_dir>/<name>.jsonl) or .jsonl path (default: "
+                                               "eval.benchmark)")] = None,
+        num_problems: Annotated[int | None, Field(ge=1, le=1000, description="held-out problems (default: "
+                                                  "eval.num_problems, at most 1000)")] = None,
+        samples_per_problem: Annotated[int | None, Field(ge=0, le=16, description="k of avg@k (default: "
+                                                         "eval.samples_per_problem, at most 16; 0 = greedy only)")] = None,
+        max_tokens: Annotated[int | None, Field(ge=1, le=32768, description="new tokens per answer (default: "
+                                                                            "model.max_tokens)")] = None,
+        timeout_seconds: Annotated[int, Field(ge=10, le=3600, description="give up after this long; unanswered "
+                                                                          "requests count as failures")] = 600,
+    ) -> evaluate_tools.EvalReport:
+        """Held-out accuracy of a model, measured exactly like a run's evaluation (same problems, checker,
+        greedy accuracy and avg@k, per bucket): the API model through the channel ("API model vs my policy"),
+        or a run's checkpoint locally. Reports latency p50/p95, tokens, failures and which model answered. Use
+        it to get a provider baseline for a benchmark, to compare a trained checkpoint with it, or to check a
+        served checkpoint end to end. Runs to completion within the call (bounded by num_problems, samples
+        and timeout_seconds) and reports progress; start small (num_problems 20-50)."""
+        f = files()
+        return await evaluate_tools.evaluate(
+            f, backend=backend, run_id=run_id, step=step, model=model, benchmark=benchmark,
+            num_problems=num_problems, samples_per_problem=samples_per_problem, max_tokens=max_tokens,
+            timeout_s=timeout_seconds, caps=(1000, 16), on_progress=lambda p, m: ctx.report_progress(p, 1.0, m))

@@ -58,6 +58,8 @@ class BuildRecipe:
     """Buckets the second phase's stopping rule looks at."""
     phase2_target: tuple[float, float] = (0.10, 0.20)
     """The second phase stops once greedy accuracy on its buckets reaches the lower bound."""
+    phase2_eval_every: int = 20
+    """Validation interval of the second phase (fine: accuracy on long chains can jump within 100 steps)."""
     num_threads: int = 0
     """torch threads during the build (0 = all available cores); restored afterwards."""
 
@@ -144,7 +146,8 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None]) -> d
         log("warm-start phase 2: the RL distribution, until the target buckets reach the band")
         phase2 = sft_warm_start(model, tokenizer, task, max_steps=recipe.phase2_max_steps,
                                 target_greedy=recipe.phase2_target, val_buckets=recipe.phase2_val_buckets,
-                                seed=recipe.seed + 1, draw=task.train_batch, **common)
+                                seed=recipe.seed + 1, draw=task.train_batch,
+                                **(common | {"eval_every": recipe.phase2_eval_every}))
         sft = {**{f"phase1_{k}": v for k, v in sft.items() if k != "losses"}, **phase2}
     heldout = task.heldout(recipe.report_size)
     greedy = evaluate(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens)

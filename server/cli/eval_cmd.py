@@ -1,0 +1,115 @@
+"""`vapo-mcp eval`: a model's held-out accuracy, measured like a run's evaluation (tools/evaluate.py).
+
+    vapo-mcp eval --run RUN_ID [--step N]        the run's checkpoint, locally, with the run's eval settings
+    vapo-mcp eval --model-dir DIR                any HF model directory, locally, with config.toml's settings
+    vapo-mcp eval --channel [--model ID]         the API channel (a provider, or a served checkpoint)
+    vapo-mcp eval --channel --run RUN_ID         the API model on exactly the run's evaluation
+
+Exit codes: 0 = an accuracy was measured, 1 = it could not be (every request failed, the provider refused),
+2 = user error (bad arguments or files), printed without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tools.paths import files
+
+from .common import UserError, add_file_options, add_json_option, print_json
+
+
+def _positive(hi: int, lo: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range {lo}..{hi}")
+        return value
+    return parse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint (local) or an API model (--channel)")
+    add_file_options(p)
+    add_json_option(p)
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--run", metavar="RUN_ID", help="a run: its checkpoint (local) and its eval settings")
+    who.add_argument("--model-dir", metavar="DIR", help="a Hugging Face model directory (local)")
+    p.add_argument("--step", type=_positive(10**9, 0), help="the run's checkpoint at this step (default: newest)")
+    p.add_argument("--channel", action="store_true",
+                   help="ask the configured API channel instead of a local model")
+    p.add_argument("--model", help="with --channel: model id (default: models.reasoning, with the fallback)")
+    p.add_argument("--benchmark", help="builtin:<task>, a JSONL name (<data_dir>/<name>.jsonl) or a .jsonl path "
+                                       "(default: eval.benchmark)")
+    p.add_argument("--num-problems", type=_positive(100_000),
+                   help="held-out problems (default: eval.num_problems)")
+    p.add_argument("--samples", type=_positive(1024, 0), help="k of avg@k (default: eval.samples_per_problem; 0 = "
+                                                              "greedy only)")
+    p.add_argument("--max-tokens", type=_positive(1_000_000),
+                   help="new tokens per answer (default: model.max_tokens)")
+    p.add_argument("--preset", help="without --run: a preset applied to config.toml (e.g. cpu-demo)")
+    p.add_argument("--concurrency", type=_positive(64), default=8, help="with --channel: requests in flight (8)")
+    p.add_argument("--timeout", type=_positive(86_400), default=3600, help="seconds before giving up (3600)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="local: where to run")
+    p.set_defaults(func=eval_cmd)
+
+
+def eval_cmd(args) -> int:
+    from tools.evaluate import evaluate_sync
+
+    if not args.channel and not (args.run or args.model_dir):
+        raise UserError("pass --run RUN_ID or --model-dir DIR to evaluate a local model, or --channel to evaluate "
+                        "the API model")
+    if args.preset and args.run:
+        raise UserError("--preset applies without --run (a run evaluates with its own frozen settings)")
+
+    def progress(fraction: float, message: str) -> None:
+        if not args.json and sys.stderr.isatty():
+            print(f"\r[{fraction:4.0%}] {message[:60]:60}", end="", file=sys.stderr, flush=True)
+
+    report = evaluate_sync(
+        files(args.config, args.settings), backend="channel" if args.channel else "local", run_id=args.run,
+        step=args.step, model_dir=args.model_dir, model=args.model, benchmark=args.benchmark,
+        num_problems=args.num_problems, samples_per_problem=args.samples, max_tokens=args.max_tokens,
+        preset=args.preset, concurrency=args.concurrency, timeout_s=args.timeout, device=args.device,
+        on_progress=progress)
+    if not args.json and sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        print_json(report.model_dump(mode="json"))
+    else:
+        print_report(report)
+    return 0 if report.ok else 1
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}%"
+
+
+def print_report(r) -> None:
+    where = f"run {r.run_id}" + (f" step {r.step}" if r.step is not None else "") if r.run_id else ""
+    print(f"benchmark  {r.benchmark}: {r.problems} held-out problems, avg@{r.samples_per_problem}, "
+          f"max_tokens {r.max_tokens}, temperature {r.temperature:g}, top_p {r.top_p:g}  ({r.settings_from})")
+    used = ", ".join(f"{m} ×{n}" for m, n in r.models_used.items()) if len(r.models_used) > 1 else ""
+    print(f"model      {r.model}  [{r.backend}] {where} {used}".rstrip())
+    print(f"\n{'':10}{'greedy':>9}{'avg@' + str(r.samples_per_problem):>9}")
+    print(f"{'all':10}{_pct(r.greedy_accuracy):>9}{_pct(r.sampled_accuracy):>9}")
+    for bucket, accs in r.buckets.items():
+        print(f"{bucket:10}{_pct(accs.get('greedy')):>9}{_pct(accs.get('sampled')):>9}")
+    print()
+    if r.response_length is not None:
+        print(f"length     {r.response_length:.1f} tokens (greedy answers, mean)")
+    if r.latency_ms:
+        print(f"latency    p50 {r.latency_ms['p50']:.0f} ms, p95 {r.latency_ms['p95']:.0f} ms over {r.requests} "
+              "requests")
+    if r.tokens:
+        print("tokens     " + ", ".join(f"{k} {v}" for k, v in r.tokens.items()))
+    if r.failures.count:
+        kinds = ", ".join(f"{k} {n}" for k, n in r.failures.kinds.items())
+        print(f"failures   {r.failures.count} ({kinds})")
+        for msg in r.failures.first:
+            print(f"  - {msg}")
+    print(f"time       {r.seconds:.1f} s")
+    print(f"\n{'OK' if r.ok else 'FAILED'}: {r.summary}")

@@ -1,0 +1,135 @@
+"""The served model: weights and tokenizer loaded from a Hugging Face directory, and how a chat request
+becomes prompt token ids within the model's context. Worker-side (torch/transformers).
+
+Loading is the run's own way, made safe for a network service: the tokenizer through
+`vapo_engine.rollout.tokenizer.load_tokenizer` (transformers 5's AutoTokenizer would rebuild the built-in
+character tokenizer as BPE), the weights with `AutoModelForCausalLM` from safetensors only
+(`use_safetensors=True`: no pickle is ever loaded) and without `trust_remote_code`. The checkpoint's own
+`generation_config` is replaced by an empty one, so only the request's temperature / top_p apply, exactly as
+in the run's rollouts and evaluation (`vapo_engine.rollout.generate`).
+
+Prompt: the tokenizer's chat template when it has one (`add_generation_prompt=True`); otherwise the last user
+message's content as-is, tokenized like the run's evaluation tokenizes a task prompt (the built-in model has
+no template, so `0047+0385=` sent as the user message is exactly the held-out prompt).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.utils import logging as hf_logging
+
+from vapo_engine.errors import UserError
+from vapo_engine.rollout.generate import special_ids
+from vapo_engine.rollout.tokenizer import load_tokenizer
+
+from .protocol import ApiError, bad_request
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(UserError):
+    """A model directory that cannot be served, with the fix."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda but CUDA is not available; use --device auto or cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` = bf16 on a CUDA device that supports it, else float32 (exact for the tiny CPU models)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return DTYPES[name]
+
+
+@dataclass
+class ServedModel:
+    """A loaded causal LM with its tokenizer, special ids and context length."""
+
+    model: object
+    tokenizer: object
+    name: str
+    device: torch.device
+    pad_id: int
+    eos_ids: list[int]
+    context: int
+    source: str
+    has_template: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Serialises tokenizer use: a fast tokenizer's backend is mutated by each encode call (padding and
+    truncation settings), and the engine thread decodes while the event loop encodes new prompts."""
+
+    def decode(self, ids: list[int]) -> str:
+        with self.lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        with self.lock:
+            return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def prompt_ids(self, messages) -> list[int]:
+        """Token ids of the prompt for a validated message list; `ApiError` 400 when unusable."""
+        if self.has_template:
+            try:
+                text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                                          tokenize=False)
+            except Exception as e:  # noqa: BLE001 - a template rejecting the messages is the client's to fix
+                raise bad_request(f"the model's chat template rejected the messages: {str(e)[:200]}",
+                                  "messages") from None
+            ids = self.encode(text, special=False)
+        else:
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            if not users:
+                raise bad_request("this model has no chat template: send the prompt as a user message "
+                                  "(its content is the prompt as-is)", "messages")
+            ids = self.encode(users[-1])
+        if not ids:
+            raise bad_request("the prompt encodes to no tokens; send some text", "messages")
+        return ids
+
+    def budget(self, prompt_len: int, asked: int | None, default: int) -> int:
+        """New tokens allowed for a prompt of `prompt_len` tokens; 400 when it cannot fit the context."""
+        room = self.context - prompt_len
+        if room < 1:
+            raise ApiError(400, f"This model's maximum context length is {self.context} tokens, but the prompt "
+                                f"has {prompt_len} tokens; shorten the messages", param="messages",
+                           code="context_length_exceeded")
+        if asked is None:
+            return min(room, default)
+        if asked > room:
+            raise ApiError(400, f"This model's maximum context length is {self.context} tokens, but "
+                                f"{prompt_len + asked} were requested ({prompt_len} in the messages, {asked} in "
+                                f"max_tokens); lower max_tokens to at most {room} or shorten the messages",
+                           param="max_tokens", code="context_length_exceeded")
+        return asked
+
+
+def load_served_model(model_dir: str | Path, name: str, *, device: str = "auto",
+                      dtype: str = "auto") -> ServedModel:
+    """Load `model_dir` for generation (eval mode, no gradients); `ModelLoadError` with the fix."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    path = Path(model_dir)
+    dev = pick_device(device)
+    try:
+        tok = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), use_safetensors=True)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load a causal LM from {str(path)!r} ({str(e)[:300]}); serve a folder "
+                             "written by save_pretrained with safetensors weights (a run's checkpoint "
+                             "policy/ folder is one)") from None
+    model.to(dev).eval().requires_grad_(False)
+    pad, eos = special_ids(model, tok)  # before the checkpoint's generation_config (it may name EOS ids) goes
+    model.generation_config = GenerationConfig()
+    limits = [v for v in (getattr(model.config, "max_position_embeddings", None),
+                          getattr(tok, "model_max_length", None)) if isinstance(v, int) and 0 < v < 10**8]
+    return ServedModel(model, tok, name, dev, pad, eos, min(limits) if limits else 4096, str(path),
+                       has_template=bool(getattr(tok, "chat_template", None)))

@@ -1,0 +1,104 @@
+"""Who may talk to a served model: loopback by default, a bearer token for any other bind, and a Host-header
+check against DNS rebinding. The same rules as `vapo-mcp serve --http` (server/http.py: the same token
+variable and minimum length; vapo_engine may not import the server package, so the few lines live here too),
+with errors in the OpenAI shape so that OpenAI clients show them.
+
+- `check_bind(host, token)`: refuse a non-loopback bind without `VAPO_MCP_TOKEN`, and a token too short.
+- `Guard`: pure ASGI middleware. Every request except `GET /health` needs `Authorization: Bearer <token>`
+  when a token is set (constant-time comparison on bytes), and every request's Host header must name the
+  server (loopback names, the bind address, `--allowed-host` names; `*` accepts any).
+Torch-free.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+
+from vapo_engine.errors import UserError
+
+TOKEN_ENV = "VAPO_MCP_TOKEN"
+MIN_TOKEN_CHARS = 16
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+MAKE_TOKEN = f"export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback bind address (0.0.0.0 and :: are every interface, not loopback)."""
+    host = host.strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if not token and not is_loopback(host):
+        raise UserError(f"refusing to serve on {host} without a bearer token: {MAKE_TOKEN} (clients send it as "
+                        "their API key: Authorization: Bearer <it>), or bind 127.0.0.1")
+    if token and len(token) < MIN_TOKEN_CHARS:
+        raise UserError(f"{TOKEN_ENV} is too short ({len(token)} characters; at least {MIN_TOKEN_CHARS} needed): "
+                        f"generate a random one with {MAKE_TOKEN}")
+
+
+def allowed_host_names(bind: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str] | None:
+    """Host names (without port) the Host header may carry; None = any (`*` among `extra`)."""
+    if "*" in extra:
+        return None
+    names = {*LOOPBACK_NAMES, *(h.lower().strip("[]") for h in extra)}
+    if bind not in ("0.0.0.0", "::", ""):
+        names.add(bind.lower().strip("[]"))
+    return frozenset(names)
+
+
+def _host_name(value: bytes) -> str:
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):  # [::1]:8000
+        return text[1:text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def error_body(message: str, code: str, type_: str = "invalid_request_error") -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+class Guard:
+    """ASGI middleware: Host check, then the bearer token (see the module docstring)."""
+
+    def __init__(self, app, *, token: str | None, allowed_hosts: frozenset[str] | None,
+                 open_paths: tuple[str, ...] = ("/health",)):
+        self.app, self.allowed, self.open_paths = app, allowed_hosts, open_paths
+        self.token = token.encode("utf-8") if token else None
+
+    def _header(self, scope, name: bytes) -> bytes | None:
+        for key, value in scope.get("headers") or []:
+            if key.lower() == name:
+                return value
+        return None
+
+    def _authorized(self, scope) -> bool:
+        scheme, _, credential = (self._header(scope, b"authorization") or b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.allowed is not None and _host_name(self._header(scope, b"host") or b"") not in self.allowed:
+            return await _refuse(send, 421, error_body(
+                "the Host header does not name this server (DNS-rebinding protection); connect to 127.0.0.1, or "
+                "restart serve-model with --allowed-host <the name clients use>", "invalid_host"))
+        if self.token and scope.get("path") not in self.open_paths and not self._authorized(scope):
+            return await _refuse(send, 401, error_body(
+                f"missing or wrong bearer token: send Authorization: Bearer ${TOKEN_ENV} (set it as the client's "
+                "API key)", "invalid_api_key", "authentication_error"), auth=True)
+        return await self.app(scope, receive, send)
+
+
+async def _refuse(send, status: int, body: bytes, auth: bool = False) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if auth:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
