@@ -63,8 +63,11 @@ def settings_with_seed(seed: int):
 
 
 def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: tuple[str, ...] = (),
-                log=None, preset: str = PRESET) -> dict:
-    """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time)."""
+                log=None, preset: str = PRESET, run_json: dict | None = None, keep_in: Path | None = None,
+                name: str | None = None) -> dict:
+    """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time).
+    `run_json`: extra run.json entries (e.g. settings_path for provider samples); `keep_in`: keep the run
+    directory there (e.g. to serve its checkpoint) instead of a deleted temporary folder."""
     from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
@@ -72,23 +75,32 @@ def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: 
             f"eval.save_interval={10 * steps}", *extra)
     config, overrides = load_bench_config(variant, over, preset)
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
-        info = create_run(config, settings_with_seed(seed), Path(tmp), run_id=f"{variant}-s{seed}",
-                          overrides=overrides, preset=preset)
+        info = create_run(config, settings_with_seed(seed), Path(keep_in or tmp), run_id=name or f"{variant}-s{seed}",
+                          overrides=overrides, preset=preset, extra=run_json)
         t0 = time.perf_counter()
         summary = train(info.run_dir, log=log or (lambda s: None))
         wall = time.perf_counter() - t0
         records = RunDir(info.run_dir).metrics()
     final = summary["final_eval"]
     return {"variant": variant, "seed": seed, "steps": summary.get("steps"), "wall_s": round(wall, 1),
+            "run_dir": str(info.run_dir) if keep_in else None, "last_train": _last_train(records),
             "overrides": overrides, "curve": eval_curve(records), **train_stats(records),
             "final_greedy": final.get("eval/greedy_accuracy"), "final_sampled": final.get("eval/sampled_accuracy"),
             **{f"final_greedy_{b}": final[f"eval/greedy_accuracy_{b}"] for b in ("short", "mid", "long")
                if f"eval/greedy_accuracy_{b}" in final}}
 
 
+def _last_train(records: list[dict]) -> dict:
+    train = [r for r in records if r.get("kind") == "train"]
+    return {k: v for k, v in (train[-1] if train else {}).items() if isinstance(v, (int, float))}
+
+
 def eval_curve(records: list[dict]) -> list[dict]:
-    """[{step, greedy, sampled}] from the eval records, in step order."""
+    """[{step, greedy, sampled, time}] from the eval records, in step order (time: seconds since the first)."""
+    t0 = min((r["time"] for r in records if isinstance(r.get("time"), (int, float))), default=None)
     pts = [{"step": int(r["step"]), "greedy": r.get("eval/greedy_accuracy"),
+            "time_s": round(r["time"] - t0, 1) if t0 is not None and isinstance(r.get("time"), (int, float))
+            else None,
             "sampled": r.get("eval/sampled_accuracy"),
             **{f"greedy_{b}": r[f"eval/greedy_accuracy_{b}"] for b in ("short", "mid", "long")
                if f"eval/greedy_accuracy_{b}" in r}} for r in records if r.get("kind") == "eval"]

@@ -152,8 +152,29 @@ def trl_side_by_side(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def provider_samples(rec: dict) -> str:
+    c = rec["config"]
+    gain = round(100 * c["gain"])
+    lines = [(f"| run B | seed | greedy start → final | step to +{gain} points | wall s to +{gain} points | wall s "
+              "total | provider answers (correct) | replayed provider positives | dropped | p50 latency (s) |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["runs"]:
+        p = r.get("provider") or {}
+        answers = f"{p['ok']:.0f} ({_f(p.get('accuracy'), 2)})" if p.get("ok") is not None else "—"
+        lines.append(f"| {r['arm']} provider samples | {r['seed']} | {_f(r['start_greedy'])} → {_f(r['final_greedy'])}"
+                     f" | {r['steps_to_target'] or '—'} | {_f(r['wall_s_to_target'], 0)} | {r['wall_s']:.0f} | "
+                     f"{answers} | {_f(p.get('positives_added'), 0) if p else '—'} | "
+                     f"{_f(p.get('dropped'), 0) if p else '—'} | {_f(p.get('latency_p50_s'), 2) if p else '—'} |")
+    a = rec["run_a"]
+    note = (f"Run A (the served model): cpu-demo, {c['steps_a']} steps, greedy {_f(a['curve'][0]['greedy'])} → "
+            f"{_f(a['final_greedy'])}. Each run B: {c['steps_b']} steps from the initial model, eval every "
+            f"{c['eval_interval']}; provider: {c['samples_per_prompt']} answers per prompt, concurrency "
+            f"{c['concurrency']}, served on the same 2 cores (its cost is in the wall times); — = not reached.")
+    return "\n".join([*lines, "", note, "", _machine(rec)])
+
+
 RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
-          "concurrency": concurrency, "trl_side_by_side": trl_side_by_side}
+          "concurrency": concurrency, "trl_side_by_side": trl_side_by_side, "provider_samples": provider_samples}
 OPTIONAL = {"trl_side_by_side"}
 """Records of optional extras: left out of the report, not flagged, when missing."""
 

@@ -193,12 +193,16 @@ def _training_tools(mcp: MCPServer) -> None:
                                                                           "on a CPU) or a .toml of overrides")] = None,
         overrides: Overrides | None = None,
         tags: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None,
+        provider_samples: training.ProviderSamplesArgs | None = None,
     ) -> training.StartResult:
         """Validate config.toml + preset + overrides (errors name the key and the fix), then start a VAPO run
-        in a detached worker that survives this server. Returns the run id at once; poll run_status."""
+        in a detached worker that survives this server. Returns the run id at once; poll run_status.
+        provider_samples: also ask the configured API channel's model (settings.json) to answer the training
+        prompts; its correct answers become extra positive examples (costs API calls, capped by max_requests;
+        report_metrics shows provider/*; run_status says if the provider went down)."""
         f = files()
         return await anyio.to_thread.run_sync(lambda: training.start_training(
-            f, preset=preset, overrides=list(overrides or []), tags=list(tags or [])))
+            f, preset=preset, overrides=list(overrides or []), tags=list(tags or []), provider=provider_samples))
 
     @mcp.tool(annotations=STARTS)
     @agent_errors

@@ -44,7 +44,7 @@ def describe_validation(tool: str, exc: ValidationError, schema: dict) -> str:
     by_arg: dict[str, list[dict]] = {}
     for err in exc.errors(include_url=False):
         by_arg.setdefault(str(err["loc"][0]) if err["loc"] else "?", []).append(err)
-    props = schema.get("properties") or {}
+    props = _deref(schema.get("properties") or {}, schema.get("$defs") or {})
     order = sorted(by_arg, key=lambda a: list(props).index(a) if a in props else len(props))
     lines = [_one(tool, arg, by_arg[arg], props.get(arg) or {}) for arg in order]
     return lines[0] if len(lines) == 1 else f"{len(lines)} invalid arguments for {tool}:\n" + \
@@ -60,11 +60,17 @@ def _one(tool: str, arg: str, errs: list[dict], prop: dict) -> str:
     desc = f" ({_description(prop)})" if _description(prop) else ""
     if kind == "missing":
         return f"{what} is required{desc}: call {tool} again with {arg} set"
+    if kind == "extra_forbidden":
+        parent, _ = _where(arg, err["loc"][1:-1], prop)
+        fields = next((list(o["properties"]) for o in _options(_where(arg, err["loc"][1:-1], prop)[1])
+                       if "properties" in o), [])
+        return (f"{what} is not a field of {parent!r}: it takes only {', '.join(fields)}; call again "
+                "without it")
     if kind in RANGE:
         lo, hi = _bounds(sub)
         big = kind.startswith("less")
         return (f"{what} = {_show(value)} is out of range: allowed {_range(lo, hi)}; call again with a "
-                f"{'smaller' if big else 'larger'} {arg}")
+                f"{'smaller' if big else 'larger'} {name}")
     if kind in TOO_LONG:
         return _too_long(what, arg, kind, ctx, value)
     if kind in TOO_SHORT:
@@ -102,10 +108,27 @@ def _where(arg: str, rest: tuple, prop: dict) -> tuple[str, dict]:
         if isinstance(part, int):
             name += f"[{part}]"
             sub = next((o.get("items") or {} for o in options if o.get("type") == "array"), {})
+        elif any(isinstance(o.get("properties"), dict) for o in options):  # a nested model: 'provider.model'
+            name += f".{part}"
+            sub = next(o["properties"] for o in options if isinstance(o.get("properties"), dict)).get(part) or {}
         elif any(isinstance(o.get("additionalProperties"), dict) for o in options):
             name += f"[{part!r}]"
             sub = next(o["additionalProperties"] for o in options if isinstance(o.get("additionalProperties"), dict))
     return name, sub
+
+
+def _deref(node: Any, defs: dict, depth: int = 0) -> Any:
+    """`node` with every {"$ref": "#/$defs/X"} replaced by the definition (nested models of the schema)."""
+    if depth > 8:
+        return node
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
+            return _deref({**defs[ref[8:]], **{k: v for k, v in node.items() if k != "$ref"}}, defs, depth + 1)
+        return {k: _deref(v, defs, depth + 1) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_deref(v, defs, depth + 1) for v in node]
+    return node
 
 
 def _description(prop: dict) -> str:

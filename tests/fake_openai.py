@@ -12,6 +12,7 @@ and 404 `model_not_found` for unknown models; any other path is a route 404 (`{"
 Scripted `Reply`s can set status, headers, a JSON or raw body, a delay before the response, SSE events
 (optionally cut off mid-stream: `break_after`), and are served in order. Every request is recorded.
 
+`answer_fn(body)` makes the default answer depend on the request (a provider that solves the prompt).
 `delay` holds every default reply that long (latency tests); `redirect=(307, "http://other:port")` answers
 every request with that redirect to the same path on the other server (a base URL that moved, or a hostile
 one); each recorded request notes how many requests were in flight when it arrived (`in_flight`).
@@ -114,10 +115,12 @@ class FakeOpenAI:
 
     def __init__(self, *, key: str | None = None, models=("qwen-32b", "qwen-14b"),
                  answers: dict[str, str] | None = None, prefix: str = "/v1", echo: bool = False,
-                 delay: float = 0.0, redirect: tuple[int, str] | None = None):
+                 delay: float = 0.0, redirect: tuple[int, str] | None = None, answer_fn=None):
         self.key, self.models, self.prefix, self.echo = key, list(models), prefix, echo
         self.delay, self.redirect = delay, redirect
         self.answers = answers or {}
+        self.answer_fn = answer_fn
+        """Optional `fn(request body) -> answer text`: a provider that actually answers the prompt."""
         self.requests: list[Recorded] = []
         self.in_flight = self.max_in_flight = 0
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
@@ -186,7 +189,7 @@ class FakeOpenAI:
         if model not in self.models:
             return Reply.error(404, f"The model `{model}` does not exist or you do not have access to it.",
                                "model_not_found")
-        content = self.answers.get(model, DEFAULT_ANSWER)
+        content = self.answer_fn(body) if self.answer_fn else self.answers.get(model, DEFAULT_ANSWER)
         if echoed:
             content += f" Your key is {echoed}, it starts {echoed[:20]} and in capitals {echoed.upper()}."
             thought = f"The user authenticated with {echoed}; half of it: {echoed[len(echoed) // 2:]}."

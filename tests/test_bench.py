@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(not _cached(), reason="built-in tiny model not c
 SMOKES = {"throughput": ["--dtypes", "float32"],
           "sample_efficiency": ["--algos", "vapo,grpo"],
           "ablation": ["--variants", "vapo,no_positive_lm"],
-          "concurrency": []}
+          "concurrency": [],
+          "provider_samples": []}
 
 
 @pytest.fixture(scope="module")

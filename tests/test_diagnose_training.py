@@ -174,11 +174,23 @@ TRAINING_CASES: dict[str, tuple] = {
         lambda tmp: make_run(tmp, status=None, log_end=OOM_LOG), {},
         ["worker.log ends with out of memory", "torch.OutOfMemoryError", "checkpoint at step 60"],
         ["micro_batch_size (now 128", "resume_run('20250101-000000-abcdef')"]),
+    "train-provider-down": (
+        lambda tmp: with_provider_down(make_run(tmp)), {},
+        ["provider.json: auth: HTTP 401: Incorrect API key provided: sk-…"],
+        ["set TAOTOKEN_API_KEY to a valid key", "resume_run('20250101-000000-abcdef')"]),
     "train-accuracy-dropped": (
         lambda tmp: make_run(tmp, evals=[0.62, 0.66, 0.41, 0.30]), {},
         ["eval/greedy_accuracy 0.62 → 0.30 (-32 points) from step 0 to step 60", "best 0.66 at step 20"],
         ["training.learning_rate"]),
 }
+
+
+def with_provider_down(run: Path) -> Path:
+    """provider.json as the trainer writes it when [provider_rollouts] stops (a rejected key)."""
+    (run / "provider.json").write_text(json.dumps({"down": {
+        "kind": "auth", "status": 401, "reason": "HTTP 401: Incorrect API key provided: sk-…",
+        "fix": "set TAOTOKEN_API_KEY to a valid key (the one in the environment was rejected)"}}))
+    return run
 
 
 def run_diagnosis(rule_id: str, tmp_path: Path):

@@ -91,6 +91,11 @@ async def test_error_paths_are_tool_errors_with_fixes(workspace, model_dir):
         assert bad.is_error
         bad = await c.call_tool("report_metrics", {"run_id": "abl-00000000"})
         assert bad.is_error and "ablation" in _text(bad)
+        for field in ("base_url", "api_key", "api_key_env"):  # the channel is never a tool's to set
+            bad = await c.call_tool("start_training", {"provider_samples": {"enabled": True, field: "x"}})
+            assert bad.is_error and field in _text(bad), field
+        bad = await c.call_tool("start_training", {"provider_samples": {"concurrency": 0}})
+        assert bad.is_error and "concurrency" in _text(bad)
 
 
 async def test_training_through_tools_in_memory(workspace, model_dir):

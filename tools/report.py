@@ -14,6 +14,7 @@ from .plots import plot_curves, plot_run
 
 DEFAULT_SERIES = ("rollout/reward_mean", "rollout/response_length", "critic/explained_var",
                   "vapo/lambda_policy_mean", "actor/entropy", "actor/pg_loss")
+PROVIDER_SERIES = ("provider/positives_added", "provider/accuracy", "provider/rate_limited", "provider/concurrency")
 MAX_POINTS = 500
 
 
@@ -91,6 +92,7 @@ def report_metrics(f: Files, run_id: str, *, names: list[str] | None = None, cur
                    limit: int = 200, plot: bool = True) -> MetricsReport | AblationReport:
     if run_id.startswith("abl-"):
         return ablation_report(f, run_id, plot=plot)
+    default = names is None
     names = list(names or DEFAULT_SERIES)
     bad = [n for n in names if n not in CATALOGUE]
     if bad:
@@ -100,6 +102,8 @@ def report_metrics(f: Files, run_id: str, *, names: list[str] | None = None, cur
     recs = RunDir(rec.run_dir).metrics()
     train = _last_per_step([r for r in recs if r.get("kind") == "train"])
     evals = _last_per_step([r for r in recs if r.get("kind") == "eval"])
+    if default and train and "provider/requests" in train[-1]:  # a run with [provider_rollouts]
+        names += list(PROVIDER_SERIES)
     limit = max(1, min(limit, MAX_POINTS))
     page = train[cursor:cursor + limit]
     series = {n: [[r["step"], r[n]] for r in page if isinstance(r.get(n), (int, float))] for n in names}

@@ -3,13 +3,14 @@ pydantic models; no mcp, no torch. Long work never blocks: each call returns at 
 """
 from __future__ import annotations
 
+import json
 import secrets
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.jobs import RunRecord
-from vapo_engine.rundir import RunDir
+from vapo_engine.rundir import PROVIDER_JSON, RunDir
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
@@ -33,6 +34,23 @@ class RunView(BaseModel):
     latest_eval: dict[str, float] = Field(default_factory=dict)
 
 
+class ProviderSamplesArgs(BaseModel):
+    """[provider_rollouts] for one run: answers of the API channel's model as extra positives. The channel
+    itself (base URL, key) is settings.json's and the environment's: a tool call can never set or redirect it."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    model: str | None = Field(None, max_length=200, description="model id (default: settings.json models.reasoning)")
+    samples_per_prompt: int | None = Field(None, ge=1, le=64, description="answers per prompt (default group_size)")
+    max_requests: int | None = Field(None, ge=1, le=100_000, description="prompts sent per run at most (cost cap)")
+    concurrency: int | None = Field(None, ge=1, le=64, description="requests in flight at most (lowered on 429)")
+    temperature: float | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+
+    def overrides(self) -> list[str]:
+        return [f"provider_rollouts.{k}={json.dumps(v)}" for k, v in self.model_dump(exclude_none=True).items()]
+
+
 class StartResult(BaseModel):
     run: RunView
     poll: str = Field(description="what to call next")
@@ -48,6 +66,8 @@ class AblationStart(BaseModel):
 class RunStatus(BaseModel):
     run: RunView
     log_tail: str = Field(description="last lines of the worker log (bounded)")
+    provider_down: str | None = Field(None, description="why [provider_rollouts] stopped asking the API channel "
+                                      "(the run goes on with its own samples), with the fix")
     next_steps: list[str]
 
 
@@ -82,9 +102,11 @@ def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainC
 
 def start_training(f: Files, *, preset: str | None = None, overrides: list[str] = (), tags: list[str] = (),
                    group_id: str | None = None, variant: str | None = None, value_only: bool = False,
-                   value_out: str | None = None) -> StartResult:
+                   value_out: str | None = None, provider: ProviderSamplesArgs | None = None) -> StartResult:
     """Validate config + preset + overrides and the datasets, then queue the run. `value_only`: value
-    pretraining alone, saving the value model (to `value_out`, default `<run dir>/value_model`)."""
+    pretraining alone, saving the value model (to `value_out`, default `<run dir>/value_model`). `provider`:
+    provider samples (its settings become `provider_rollouts.*` overrides)."""
+    overrides = [*overrides, *(provider.overrides() if provider else [])]
     cfg = prepare_config(f, preset, list(overrides))
     if value_only and not cfg.decisions.uses_critic:
         raise ToolInputError("this config trains no value model (training.algorithm = grpo); use vapo or ppo")
@@ -102,7 +124,9 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
         settings = settings.model_copy(update={"experiment": exp})
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
-                      preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
+                      preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {}),
+                                            # provider samples resolve the channel as the tools do
+                                            "settings_path": str(f.settings.resolve())},
                       secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
@@ -150,7 +174,12 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
            "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
            "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
            "stopped": [f"resume_run('{run_id}') to continue"]}[rec.state.value]
-    return RunStatus(run=_view(rec), log_tail=RunDir(rec.run_dir).log_tail(log_lines),
+    down = (RunDir(rec.run_dir).read_json(PROVIDER_JSON) or {}).get("down")
+    if isinstance(down, dict):
+        nxt = [*nxt, "fix the channel (provider_down says how), check_channel, then resume_run to use it again"]
+    provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
+                if isinstance(down, dict) else None)
+    return RunStatus(run=_view(rec), log_tail=RunDir(rec.run_dir).log_tail(log_lines), provider_down=provider,
                      next_steps=nxt)
 
 

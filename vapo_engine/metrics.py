@@ -58,6 +58,23 @@ CATALOGUE: dict[str, str] = {
     "vapo/positive_samples": "correct responses in the positive-example LM batch from this rollout",
     "vapo/replay_samples": "responses drawn from the positive replay buffer",
     "vapo/replay_size": "entries in the positive replay buffer",
+    # provider samples (issue 12; cumulative over the run, rank 0)
+    **{f"provider/{k}": v for k, v in {
+        "requests": "HTTP attempts sent to the provider", "ok": "answers received", "failed": "answers that failed",
+        "retries": "retried attempts (429, 5xx, timeouts)", "rate_limited": "429 responses",
+        "dropped": "prompts not queued because the bounded queue was full (never a stalled step)",
+        "skipped": "answers not asked because the provider is down", "results_dropped": "answers dropped unread",
+        "concurrency": "current concurrency limit (halved on repeated 429, grown back on success)",
+        "concurrency_low": "lowest concurrency limit so far", "in_flight_peak": "most requests in flight at once",
+        "latency_p50_s": "median answer latency", "latency_p95_s": "95th-percentile answer latency",
+        "prompt_tokens": "prompt tokens billed", "completion_tokens": "completion tokens billed",
+        "last_retry_after_s": "the last Retry-After honoured", "down": "1 once the provider is no longer used",
+        "sent": "prompts sent (the max_requests budget counts these)",
+        "cache_hits": "prompts answered from the run's cache (a resumed run does not pay twice)",
+        "accuracy": "fraction of provider answers the task's checker accepts",
+        "positives_added": "correct provider answers added to the positive replay buffer",
+        "too_long": "correct provider answers longer than the token cap (not replayed)"}.items()},
+    "vapo/replay_provider": "provider answers in the positive replay buffer",
     # eval
     "eval/greedy_accuracy": "held-out accuracy with greedy decoding",
     "eval/sampled_accuracy": "held-out avg@k accuracy with sampling at the rollout temperature",

@@ -37,6 +37,8 @@ from .errors import StorageError, UserError
 RUN_JSON, CONFIG_JSON, SETTINGS_JSON = "run.json", "config.json", "settings.json"
 STATE_JSON, SUMMARY_JSON, METRICS = "state.json", "summary.json", "metrics.jsonl"
 WORKER_LOG, RUNNER_LOG, WORKER_LOCK, WORKER_JSON = "worker.log", "runner.log", "worker.lock", "worker.json"
+PROVIDER_JSON, PROVIDER_CACHE = "provider.json", "provider_cache.jsonl"
+"""Provider samples (trainer/provider_samples.py): why the provider stopped being used; the answers cache."""
 CHECKPOINTS, DONE, TB, REPORT_PNG = "checkpoints", "DONE", "tb", "report.png"
 HASH_LIMIT = 64 * 1024 * 1024  # files up to this size are hashed in the manifest; larger ones: size + structure
 

@@ -169,6 +169,29 @@ class DistributedConfig(Section):
         return self.nproc_per_node * self.nnodes
 
 
+class ProviderRolloutsConfig(Section):
+    """Provider samples as extra positives (SPEC §8, VAPO §4.3): answers of the API channel's model to the
+    step's prompts, checked by the task's checker; the correct ones join the positive replay buffer and enter
+    only the positive-example NLL (never the PPO ratio). The channel (base URL, key) is settings.json's."""
+
+    enabled: bool = False
+    """Request provider samples for the training prompts (off by default: they cost API calls)."""
+    model: str | None = None
+    """Model id to ask; unset = settings.json models.reasoning (models.fallback as usual)."""
+    samples_per_prompt: int | None = Field(None, ge=1, le=64)
+    """Answers per prompt (n); unset = vapo.group_size."""
+    max_requests: int = Field(500, ge=1, le=10_000_000)
+    """Budget: at most this many prompts are sent per run (each asks for samples_per_prompt answers)."""
+    concurrency: int = Field(8, ge=1, le=256)
+    """Starting (and highest) number of requests in flight; halved on repeated 429, grown back on success."""
+    max_pending: int = Field(64, ge=1, le=100_000)
+    """Prompts queued or in flight at most; more are dropped (counted) so a slow provider never stalls a step."""
+    temperature: float | None = Field(None, ge=0, le=5)
+    """Sampling temperature of the provider; unset = model.temperature."""
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    """Longest answer requested; unset = model.max_tokens. Longer correct answers are not replayed (counted)."""
+
+
 class Decisions(Section):
     """The run's derived decisions: what each ablation switch and the algorithm choice amount to. The trainer,
     the config warnings, the diagnostics and the ablation all read these, never re-derive them."""
@@ -234,6 +257,8 @@ class TrainConfig(Section):
     """[eval] held-out evaluation and checkpoints."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """[distributed] scale-out with torchrun (processes, nodes, backend, strategy)."""
+    provider_rollouts: ProviderRolloutsConfig = Field(default_factory=ProviderRolloutsConfig)
+    """[provider_rollouts] API-channel samples as extra positives for the positive-example NLL."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

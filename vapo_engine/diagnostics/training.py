@@ -256,6 +256,13 @@ def worker_crashed(ev: Evidence) -> str | None:
     return f"worker.log ends with {what[crash['kind']]}: {crash['line'][:240]!r}"
 
 
+@predicate
+def provider_down(ev: Evidence) -> str | None:
+    """[provider_rollouts] stopped asking the API channel (provider.json says why); training went on."""
+    down = (ev.extra.get("run") or {}).get("provider_down")
+    return f"provider.json: {down['kind']}: {down['reason'][:240]}" if down else None
+
+
 _CRASH_FIX = {
     "oom": "Out of memory: lower training.micro_batch_size (now {micro}; gradient accumulation keeps the "
            "batch the same) and/or model.max_tokens (now {max_tokens}); then resume_run('{run_id}') "
@@ -395,4 +402,6 @@ FACTS.update({
     "checkpoint_before_nan": lambda ev: _last_ckpt(ev, before=_first_bad_step(ev)),
     "first_nan_step": lambda ev: _num(_first_bad_step(ev)),
     "crash_fix": _crash_fix,
+    **{f"provider_{k}": partial(lambda k, ev: ((ev.extra.get("run") or {}).get("provider_down") or {}).get(k), k)
+       for k in ("kind", "reason", "fix")},
 })

@@ -88,6 +88,9 @@ class AdditionTask(ArithmeticTask):
     """
 
     name = "builtin:addition"
+    system_prompt = ("Add the two numbers digit by digit from the right. Write each step as x+y+c=s (x, y the "
+                     "digits, c the carry in, s the sum digit), steps separated by commas, then ';' and the sum. "
+                     "Example: 0047+0385= -> 7+5+0=2,4+8+1=3,0+3+1=4,0+0+0=0;432. Reply with that line only.")
 
     def __init__(self, min_digits: int = 2, max_digits: int = 4, fixed_steps: bool = True):
         self.fixed_steps = fixed_steps
@@ -139,6 +142,8 @@ class MultistepTask(ArithmeticTask):
     """
 
     name = "builtin:multistep"
+    system_prompt = ("Evaluate left to right. Write each step as a<op>b=c, steps separated by commas, then ';' "
+                     "and the result. Example: 23*7+45= -> 23*7=161,161+45=206;206. Reply with that line only.")
 
     def __init__(self, min_ops: int = 3, max_ops: int = 5):
         if not 2 <= min_ops <= max_ops <= 6:

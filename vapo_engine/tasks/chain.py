@@ -40,6 +40,10 @@ class ChainTask:
     """Running-total chains of `min_steps`..`max_steps` labelled operations (see the module docstring)."""
 
     name = "builtin:chain"
+    system_prompt = ("Apply the labelled operations in order, starting from the first number. Write one line per "
+                     "operation as '<label> <total><op><digit>=<new total>' with two-digit totals, then a line "
+                     "';<final total>'. Example: '47 a+8 b-3' -> 'a 47+8=55', 'b 55-3=52', ';52'. Reply with "
+                     "those lines only.")
 
     def __init__(self, min_steps: int = 1, max_steps: int = 14):
         if not 1 <= min_steps <= max_steps <= len(LABELS):
@@ -69,8 +73,12 @@ class ChainTask:
         still mostly failed (sparse reward for RL)."""
         counts = list(range(self.min_steps, self.max_steps + 1))
         weights = [1 / c for c in counts]
-        return [sample_split(lambda r, s=rng.choices(counts, weights)[0]: self._make(r, s), 1, rng, heldout=False,
-                             salt=self.name, fraction=_HELDOUT_FRACTION)[0] for _ in range(n)]
+        out = []
+        for _ in range(n):
+            steps = rng.choices(counts, weights)[0]
+            out += sample_split(lambda r, s=steps: self._make(r, s), 1, rng, heldout=False, salt=self.name,
+                                fraction=_HELDOUT_FRACTION)
+        return out
 
     def heldout(self, n: int) -> list[Problem]:
         """`n` distinct held-out problems, the same number of each step count (so every bucket is measured)."""

@@ -81,6 +81,9 @@ class JsonlTask:
 
     max_new_tokens = None
     """No built-in limit: the training config's `model.max_tokens` applies."""
+    system_prompt = ("Solve the problem. Reason step by step, then give the final answer on the last line as "
+                     "\\boxed{answer}.")
+    """The format instruction sent with every prompt to an API model (provider samples, channel evaluation)."""
 
     def __init__(self, name: str, problems: list[Problem], path: Path | None = None):
         if not problems:

@@ -72,6 +72,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
             RunDir(run_dir).write_json(SUMMARY_JSON, summary)
         return summary
     finally:
+        tr.provider.close()
         tr.logger.close()
         shutdown(tr.world)
 
@@ -79,7 +80,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
 def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
-    ro = _collect(tr)
+    ro = _collect(tr, ask_provider=True)
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.world.sum)
     metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size))
     if ro.values is not None:
@@ -93,17 +94,20 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
                 break
             updates.append(_one_update(tr, ro.rows(idx)))
     tr.replay.add_correct(ro)
+    tr.replay.add_pairs(tr.provider.collect(), source="provider")
     tr.rollout_step += 1
     t2 = time.perf_counter()
     upd = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]} if updates else {}
     shares = {k: v for k, v in upd.items() if k in SUMMED_ACROSS_RANKS}
     metrics.update({k: v for k, v in upd.items() if k not in shares})
-    metrics.update({"vapo/replay_size": len(tr.replay), "actor/lr": tr.sched_actor.get_last_lr()[0],
+    metrics.update({"vapo/replay_size": len(tr.replay), "vapo/replay_provider": tr.replay.count("provider"),
+                    "actor/lr": tr.sched_actor.get_last_lr()[0],
                     "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
                     "perf/update_samples_per_s": len(updates) * mini_size / max(t2 - t1, 1e-9)})
     if tr.sched_critic is not None:
         metrics["critic/lr"] = tr.sched_critic.get_last_lr()[0]
-    return tr.world.reduce_metrics(metrics) | tr.world.reduce_metrics(shares, "sum")
+    # provider numbers exist on rank 0 only: added after the cross-rank reduction (which needs equal names)
+    return tr.world.reduce_metrics(metrics) | tr.world.reduce_metrics(shares, "sum") | tr.provider.metrics()
 
 
 # update metrics that are this rank's share of a globally normalised quantity (see update.py): sum them
@@ -113,11 +117,13 @@ SUMMED_ACROSS_RANKS = frozenset({"actor/pg_loss", "actor/positive_nll", "actor/k
                                  "vapo/replay_samples"})
 
 
-def _collect(tr: Trainer):
+def _collect(tr: Trainer, ask_provider: bool = False):
     """Every rank draws the same global prompt list (shared task RNG) and samples its own slice of groups,
     so the global batch does not depend on the world size and a group never spans ranks."""
     cfg, w = tr.cfg, tr.world
     prompts = tr.task.train_batch(cfg.prompts_per_step, tr.rng)
+    if ask_provider:  # policy steps only (not value pretraining); rank 0: answers arrive in the background
+        tr.provider.submit(prompts)
     share = cfg.prompts_per_step // w.world_size
     mine = prompts[w.rank * share:(w.rank + 1) * share]
     problems = [p for p in mine for _ in range(cfg.vapo.group_size)]

@@ -15,6 +15,8 @@ class ReplayBuffer:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.items: deque[tuple[list[int], list[int]]] = deque(maxlen=capacity)
+        self.sources: deque[str] = deque(maxlen=capacity)
+        """Where each item came from: "policy" (this run's rollouts) or "provider" (the API channel)."""
 
     def __len__(self) -> int:
         return len(self.items)
@@ -28,18 +30,32 @@ class ReplayBuffer:
             resp = ro.input_ids[i, p:][ro.response_mask[i].bool()].tolist()
             if resp:
                 self.items.append((prompt, resp))
+                self.sources.append("policy")
                 added += 1
         return added
+
+    def add_pairs(self, pairs: list[tuple[list[int], list[int]]], source: str) -> int:
+        """Add already tokenized correct (prompt, response) pairs, e.g. provider answers."""
+        for prompt, resp in pairs:
+            self.items.append((list(prompt), list(resp)))
+            self.sources.append(source)
+        return len(pairs)
+
+    def count(self, source: str) -> int:
+        return sum(1 for s in self.sources if s == source)
 
     def sample(self, n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
         n = min(n, len(self.items))
         return [self.items[i] for i in rng.sample(range(len(self.items)), n)] if n else []
 
     def state_dict(self) -> dict:
-        return {"capacity": self.capacity, "items": [list(map(list, it)) for it in self.items]}
+        return {"capacity": self.capacity, "items": [list(map(list, it)) for it in self.items],
+                "sources": list(self.sources)}
 
     def load_state_dict(self, state: dict) -> None:
         self.items = deque(((list(p), list(r)) for p, r in state["items"]), maxlen=self.capacity)
+        sources = state.get("sources") or ["policy"] * len(self.items)  # checkpoints from before sources
+        self.sources = deque(sources, maxlen=self.capacity)
 
 
 def replay_count(n_positive: int, ratio: float, available: int) -> int:

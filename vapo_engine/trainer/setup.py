@@ -22,6 +22,7 @@ from .checkpoint import load_newest, restore_rng
 from .distributed import World, init_world
 from .logger import MetricsLogger, NullLogger
 from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
+from .provider_samples import NullProviderSamples, provider_samples
 from .replay import ReplayBuffer
 from .update import UpdateSpec
 
@@ -43,6 +44,7 @@ class Trainer:
     spec: UpdateSpec
     world: World = field(default_factory=World)
     replay_rng: random.Random = field(default_factory=random.Random)
+    provider: object = field(default_factory=NullProviderSamples)
     step: int = 0
     pretrain_step: int = 0
     rollout_step: int = 0
@@ -92,6 +94,8 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
         log(f"resumed from {ckpt.name} (policy step {tr.step})")
     tr = tr or make(None)
     tr.logger = MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger()
+    tr.provider = provider_samples(cfg, run_dir, tr.models.tokenizer, tr.task, is_main=write and world.is_main,
+                                   log=log)
     return tr
 
 

@@ -1,0 +1,187 @@
+"""Provider samples into positive replay (SPEC §8; VAPO §4.3 "Group-Sampling" with an API model).
+
+For every rollout step, rank 0 sends the step's prompts (with the task's format instruction as the system
+message) to the configured channel through `vapo_engine.providers.ProviderWorker` — a background thread with a
+bounded queue, so a slow, rate-limited or failing provider never stalls a step. Finished answers are checked by
+the task's checker; correct ones are tokenized with the policy's tokenizer exactly like a rollout (the raw
+prompt, then the answer and EOS) and returned for the replay buffer, where they only ever feed the
+positive-example NLL (off-policy positives need no importance ratio). Answers longer than the token cap are
+counted, not replayed.
+
+Budget and cost: at most `max_requests` prompts per run; every complete answer set is cached in the run
+directory (`provider_cache.jsonl`), so a resumed run takes cached answers instead of paying again; tokens are
+counted. When the provider is down (401/403, 404 after the fallback, quota), training simply goes on with local
+samples and `provider.json` in the run directory says why, with the channel's fix (run_status and
+diagnose_error(run_id) read it).
+
+`NullProviderSamples` is what a run without `[provider_rollouts]` (and every rank but 0) gets.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+from vapo_engine.config import TrainConfig, load_settings, resolve_channel
+from vapo_engine.providers.redaction import scrub_obj
+from vapo_engine.rundir import PROVIDER_CACHE as CACHE
+from vapo_engine.rundir import PROVIDER_JSON as STATE
+from vapo_engine.rundir import RunDir
+
+
+class NullProviderSamples:
+    """No provider: every call is a no-op."""
+
+    def submit(self, problems) -> None:
+        pass
+
+    def collect(self) -> list[tuple[list[int], list[int]]]:
+        return []
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def provider_samples(cfg: TrainConfig, run_dir: Path, tokenizer, task, *, is_main: bool, log=print):
+    """The run's provider sampler, or the null one (disabled, not rank 0, or the channel cannot be built)."""
+    if not cfg.provider_rollouts.enabled or not is_main:
+        return NullProviderSamples()
+    try:
+        return ProviderSamples(cfg, Path(run_dir), tokenizer, task, log=log)
+    except Exception as e:  # noqa: BLE001 - provider samples are optional: a setup failure must not end training
+        RunDir(run_dir).write_json(STATE, {"down": {"reason": f"provider samples not started: {e}",
+                                                    "fix": "check the channel with vapo-mcp check"}})
+        log(f"provider samples off: {e}")
+        return NullProviderSamples()
+
+
+class ProviderSamples:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, tokenizer, task, log=print):
+        from vapo_engine.diagnostics import explain_provider_down
+        from vapo_engine.providers import ConcurrencyPolicy, ProviderWorker
+        p = cfg.provider_rollouts
+        self.rd, self.tok, self.task, self.log = RunDir(run_dir), tokenizer, task, log
+        self.n = p.samples_per_prompt or cfg.vapo.group_size
+        self.max_requests, self.cap = p.max_requests, p.max_tokens or cfg.model.max_tokens
+        chat = {"temperature": cfg.model.temperature if p.temperature is None else p.temperature,
+                "max_tokens": self.cap}
+        channel = _channel(self.rd, cfg)
+        self.worker = ProviderWorker(channel, model=p.model, concurrency=ConcurrencyPolicy(start=p.concurrency),
+                                     max_pending=p.max_pending, chat_kw=chat,
+                                     explain=partial(explain_provider_down, channel=channel)).start()
+        self.key_of = (lambda prompt: hashlib.sha256(json.dumps([self.worker.model, prompt, self.n, chat])
+                                                     .encode()).hexdigest()[:32])
+        self.cache = _read_cache(self.rd.file(CACHE))
+        # a resumed run: the prompts answered before count against the budget (max_requests is per run)
+        self.sent, self.partial, self.ready = len(self.cache), {}, []
+        self.counts = {"positives": 0, "checked": 0, "correct": 0, "too_long": 0, "cache_hits": 0}
+        self.down_said = False
+
+    def submit(self, problems) -> None:
+        """Ask for answers to `problems` (cached ones are taken from the cache; the budget is respected)."""
+        from vapo_engine.providers import ProviderRequest
+        todo = []
+        for prob in problems:
+            key = self.key_of(prob.prompt)
+            if key in self.cache:
+                self.counts["cache_hits"] += 1
+                self.ready += [(prob.prompt, prob.answer, c) for c in self.cache.pop(key)]
+            elif self.sent + len(todo) < self.max_requests:
+                messages = [{"role": "user", "content": prob.prompt}]
+                if getattr(self.task, "system_prompt", None):
+                    messages.insert(0, {"role": "system", "content": self.task.system_prompt})
+                todo.append(ProviderRequest(id=key, messages=messages, n=self.n,
+                                            meta={"prompt": prob.prompt, "answer": prob.answer}))
+        self.sent += self.worker.submit(todo) if todo else 0
+
+    def collect(self) -> list[tuple[list[int], list[int]]]:
+        """Correct provider answers finished since the last call, as (prompt ids, response ids) pairs."""
+        self._absorb()
+        pairs = [p for p in (self._pair(*item) for item in self.ready) if p is not None]
+        self.ready = []
+        self.counts["positives"] += len(pairs)
+        self._report_down()
+        return pairs
+
+    def _absorb(self) -> None:
+        """Move finished samples into `ready`; cache every complete answer set."""
+        for s in self.worker.drain():
+            got = self.partial.setdefault(s.request_id, [])
+            got.append(s)
+            if len(got) == self.n:  # a complete answer set: cache it (what a resumed run reuses)
+                del self.partial[s.request_id]
+                contents = [x.content for x in got if x.ok]
+                if contents:  # nothing answered (provider down, timeouts): not cached, may be asked again
+                    _append_cache(self.rd.file(CACHE), s.request_id, contents)
+                self.ready += [(s.meta["prompt"], s.meta["answer"], c) for c in contents]
+
+    def _pair(self, prompt: str, answer: str, content: str) -> tuple[list[int], list[int]] | None:
+        self.counts["checked"] += 1
+        if self.task.reward(content, answer) < 1.0:
+            return None
+        self.counts["correct"] += 1
+        resp = self.tok(content, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        if len(resp) > self.cap:
+            self.counts["too_long"] += 1
+            return None
+        return self.tok(prompt)["input_ids"], resp
+
+    def _report_down(self) -> None:
+        down = self.worker.down
+        if down is not None and not self.down_said:
+            self.down_said = True
+            key = [self.worker.channel.key] if self.worker.channel.key else []
+            self.rd.write_json(STATE, scrub_obj({"down": down.model_dump(mode="json")}, key))
+            self.log(f"provider samples stopped: {down.line()}; training continues on local samples")
+
+    def metrics(self) -> dict[str, float]:
+        c = self.counts
+        out = {k: float(v) for k, v in self.worker.stats().metrics().items() if isinstance(v, (int, float, bool))}
+        out |= {"provider/positives_added": float(c["positives"]), "provider/too_long": float(c["too_long"]),
+                "provider/cache_hits": float(c["cache_hits"]), "provider/sent": float(self.sent)}
+        if c["checked"]:
+            out["provider/accuracy"] = c["correct"] / c["checked"]
+        return out
+
+    def close(self, wait_s: float = 3.0) -> None:
+        """Stop the worker; answers still in flight get `wait_s` to arrive and be cached (they are paid for)."""
+        end = time.monotonic() + wait_s
+        while self.worker.pending and self.worker.down is None and time.monotonic() < end:
+            time.sleep(0.05)
+        self._absorb()
+        self._report_down()
+        self.worker.stop(timeout=2.0)
+
+
+def _channel(rd: RunDir, cfg: TrainConfig):
+    """The channel exactly as the tools resolve it: settings.json the run was started with (run.json records
+    its path), the environment and the .env next to it. The key never comes from a run file."""
+    path = rd.meta().get("settings_path")
+    if not path:
+        raise ValueError("run.json does not record settings_path (a run started before provider samples existed)")
+    channel, _ = resolve_channel(load_settings(path), cfg, dotenv_path=Path(path).parent / ".env")
+    return channel
+
+
+def _read_cache(path: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                out.setdefault(rec["key"], []).extend(rec["contents"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line
+    except OSError:
+        pass
+    return out
+
+
+def _append_cache(path: Path, key: str, contents: list[str]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"key": key, "contents": contents}) + "\n")
