@@ -11,6 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4f6a8c0e2b4d6f8a0c1e"
 
 
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch, tmp_path_factory):
+    """No test reaches the real Hugging Face Hub: a registered benchmark name (the shipped config's
+    eval.benchmark = "aime_2024") is fetched when its file is missing, so every test runs offline against an
+    empty cache (tests/test_benchmarks_by_name.py turns the Hub back on, pointed at a loopback stand-in)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.getbasetemp() / "hf-hub-cache"))
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A temp folder holding copies of the shipped config.toml and settings.json."""

@@ -116,7 +116,8 @@ def test_bad_dataset_and_override_errors_are_clear(tmp_path, model_dir):
     cli = [sys.executable, "-m", "server.cli", "train", "--config", str(ROOT / "config.toml"),
            "--settings", str(tmp_path / "settings.json"), "--preset", "cpu-demo",
            "--set", f'model.local_path="{model_dir}"', "--set", f'data.data_dir="{tmp_path}"']
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VAPO_MCP_CACHE": str(tmp_path / "cache")}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VAPO_MCP_CACHE": str(tmp_path / "cache"),
+           "HF_HUB_OFFLINE": "1"}  # aime_2024 is a registered benchmark: offline, its fetch fails with the fix
     r = subprocess.run(cli + ["--set", "eval.benchmark=aime_2024", "--set", "runtime=1"], cwd=tmp_path,
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "runtime" in r.stderr and "Traceback" not in r.stderr

@@ -15,7 +15,7 @@ import sys
 from .common import report_error
 
 COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.runs_cmd",
-            "server.cli.channel_cmd", "server.cli.serve_model_cmd", "server.cli.eval_cmd"]
+            "server.cli.channel_cmd", "server.cli.serve_model_cmd", "server.cli.eval_cmd", "server.cli.data_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -133,12 +133,14 @@ class DataConfig(Section):
     train: str = Field("builtin:addition", min_length=1)
     """Training prompts: builtin:<task> or a JSONL name/path of {problem, answer}."""
     data_dir: str = Field("./data", min_length=1)
-    """Folder where named JSONL sets live (<data_dir>/<name>.jsonl); nothing is downloaded."""
+    """Folder where named JSONL sets live (<data_dir>/<name>.jsonl); a registered benchmark (aime_2024,
+    math500, gsm8k, ...) missing there is downloaded into it from the Hugging Face Hub (tasks/benchmarks)."""
 
 
 class EvalConfig(Section):
     benchmark: str = Field("aime_2024", min_length=1)
-    """Held-out set: builtin:<task> or a name resolved to <data.data_dir>/<name>.jsonl."""
+    """Held-out set: builtin:<task> or a name resolved to <data.data_dir>/<name>.jsonl (fetched when it is a
+    registered benchmark such as aime_2024 and the file is missing)."""
     eval_interval: int = Field(250, ge=1)
     """Evaluate every N policy steps."""
     save_interval: int = Field(500, ge=1)
