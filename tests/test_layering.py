@@ -16,9 +16,10 @@ def test_import_server_and_tools_does_not_import_torch():
             "for pkg in (server, tools):\n"
             "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
             "        importlib.import_module(m.name)\n"
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+            "bad = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]\n"
             "print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -30,7 +31,7 @@ def test_torch_free_packages_have_no_torch_imports():
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
-                              if n.split(".")[0] in ("torch", "transformers")
+                              if n.split(".")[0] in ("torch", "transformers", "peft")
                               or n.startswith(("vapo_engine.trainer", "vapo_engine.rollout", "vapo_engine.algo"))]
     assert not offenders, offenders
 

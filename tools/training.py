@@ -9,6 +9,7 @@ import secrets
 from pydantic import BaseModel, ConfigDict, Field
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
+from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunRecord
 from vapo_engine.rundir import PROVIDER_JSON, RunDir
 from vapo_engine.runs import create_run, freeze_paths
@@ -92,6 +93,8 @@ def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainC
     preset = access.preset_for(f, preset, policy)
     cfg = freeze_paths(load_config(f.config, overrides, preset=preset), f.config.resolve().parent)
     access.check_config(f, cfg, policy)
+    if why := peft_missing(cfg.lora):
+        raise ToolInputError(why)
     for spec in (cfg.data.train, cfg.eval.benchmark):
         try:
             get_task(spec, cfg.data.data_dir)

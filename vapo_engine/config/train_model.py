@@ -11,6 +11,7 @@ from pydantic import Field, computed_field, model_validator
 
 from .base import Section
 from .errors import FieldProblem
+from .lora_model import LoraConfig
 
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 Algorithm = Literal["vapo", "ppo", "grpo"]
@@ -261,6 +262,8 @@ class TrainConfig(Section):
     """[distributed] scale-out with torchrun (processes, nodes, backend, strategy)."""
     provider_rollouts: ProviderRolloutsConfig = Field(default_factory=ProviderRolloutsConfig)
     """[provider_rollouts] API-channel samples as extra positives for the positive-example NLL."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """[lora] low-rank adapters instead of full fine-tuning (vapo_engine/config/lora_model.py)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

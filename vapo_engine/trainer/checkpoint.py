@@ -6,6 +6,11 @@ Resume takes the newest checkpoint that verifies *and* loads; a damaged one (mis
 present) is named and skipped, and the previous complete one is used. Keeps the newest `keep` checkpoints.
 Trainer state = optimizers, schedulers, RNG streams (torch, CUDA, the task/replay `random.Random`), replay
 buffer, counters.
+
+Layout: `policy/` is always a plain HF directory (+ tokenizer) that `from_pretrained`, `serve-model` and eval load;
+`value/` the full value model. With [lora], `policy/` holds the merged weights and the adapters go beside it,
+`policy_adapter/` and (value_lora) `value_adapter/` with the value head, in peft's format: resume loads those on
+the base model (`lora.py`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import torch
 from vapo_engine.errors import UserError
 from vapo_engine.rundir import RunDir, write_manifest
 
+from .lora import POLICY_ADAPTER, VALUE_ADAPTER, is_adapted, save_adapter, save_plain
 from .state_io import load_state, save_state
 
 
@@ -38,9 +44,13 @@ def save_checkpoint(run_dir: Path, step: int, models, trainer_state: dict, keep:
     final = rd.checkpoint(step)
     tmp = rd.checkpoints / f".tmp-step-{step:07d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    models.policy.save_pretrained(tmp / "policy", safe_serialization=True)
+    save_plain(models.policy, tmp / "policy")
     models.tokenizer.save_pretrained(tmp / "policy")
-    if models.value is not None:
+    if is_adapted(models.policy):
+        save_adapter(models.policy, tmp / POLICY_ADAPTER)
+    if is_adapted(models.value):
+        save_adapter(models.value, tmp / VALUE_ADAPTER)
+    elif models.value is not None:
         models.value.save_pretrained(tmp / "value", safe_serialization=True)
     save_state(trainer_state, tmp)
     write_manifest(tmp, step)

@@ -19,6 +19,7 @@ import math
 from vapo_engine.algo import ev_from_stats, ev_stats
 
 from .advantages import monte_carlo_returns
+from .lora import save_plain
 from .update import update_step
 
 VALUE_ONLY = "value_pretrain"
@@ -94,7 +95,7 @@ def pretraining_done(tr) -> bool:
 
 
 def save_value_model(tr, out) -> None:
-    """The trained value model as a plain HF directory (usable as `model.value_path`)."""
-    tr.models.value.save_pretrained(out, safe_serialization=True)
+    """The trained value model as a plain HF directory (usable as `model.value_path`; LoRA adapters merged)."""
+    save_plain(tr.models.value, out)
     tr.models.tokenizer.save_pretrained(out)
 

@@ -32,7 +32,8 @@ class ModelLoadError(UserError):
 class Models:
     policy: PreTrainedModel
     value: PreTrainedModel | None
-    reference: PreTrainedModel | None
+    reference: object | None
+    """A frozen model called like the policy (a loaded copy, or `lora.FrozenBase`: the policy, adapters off)."""
     tokenizer: object
     device: torch.device
     autocast_dtype: torch.dtype | None

@@ -1,8 +1,9 @@
 """Build everything a run needs from its run directory: models, optimizers, schedules, tasks, replay,
 random streams and the metrics sink — fresh, or restored from the newest complete checkpoint.
 
-AdamW for actor and critic with warmup-then-constant learning rates (SPEC §3). The reference model is always
-the *initial* policy, also on resume. This file does not run the loop.
+AdamW for actor and critic with warmup-then-constant learning rates (SPEC §3), over the parameters that train
+(all of them, or the LoRA adapters and value head with [lora]). The reference model is always the *initial*
+policy, also on resume (with LoRA: the policy with its adapters switched off). This file does not run the loop.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from vapo_engine.tasks import get_task
 from .checkpoint import load_newest, restore_rng
 from .distributed import World, init_world
 from .logger import MetricsLogger, NullLogger
+from .lora import attach_adapters, describe, trainable
 from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
 from .provider_samples import NullProviderSamples, provider_samples
 from .replay import ReplayBuffer
@@ -93,6 +95,8 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
         ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st), log=log)
         log(f"resumed from {ckpt.name} (policy step {tr.step})")
     tr = tr or make(None)
+    if cfg.lora.enabled and world.is_main:
+        log(describe(tr.models))
     tr.logger = MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger()
     tr.provider = provider_samples(cfg, run_dir, tr.models.tokenizer, tr.task, is_main=write and world.is_main,
                                    log=log)
@@ -110,11 +114,16 @@ def _base_model(cfg: TrainConfig, world: World, log) -> Path:
 
 
 def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: World) -> Models:
-    need_value = cfg.decisions.uses_critic
-    value_src = (ckpt / "value") if ckpt else (cfg.model.value_path or base)
-    models = load_models(ckpt / "policy" if ckpt else base, value_path=value_src, need_value=need_value,
-                         reference_path=base if cfg.training.kl_coef > 0 else None, device=device,
-                         autocast_dtype=pick_autocast(cfg.model.dtype, device))
+    """Fresh: the base model (+ adapters). Resume: the checkpoint's full weights, or with LoRA the base model
+    and the checkpoint's adapters (its merged `policy/` is for serving, not for training on)."""
+    lora, kl = cfg.lora.enabled, cfg.training.kl_coef > 0
+    value_adapted = lora and cfg.lora.value_lora
+    value_src = (ckpt / "value") if ckpt and not value_adapted else (cfg.model.value_path or base)
+    models = load_models(ckpt / "policy" if ckpt and not lora else base, value_path=value_src,
+                         need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
+                         device=device, autocast_dtype=pick_autocast(cfg.model.dtype, device))
+    if lora:
+        models = attach_adapters(models, cfg.lora, ckpt=ckpt, kl=kl)
     for m in (models.policy, models.value):
         world.broadcast_parameters(m)
     return models
@@ -122,8 +131,8 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
 
 def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World, tasks: tuple) -> Trainer:
     t = cfg.training
-    opt_a = torch.optim.AdamW(models.policy.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
-    opt_c = torch.optim.AdamW(models.value.parameters(), lr=cfg.vapo.value_learning_rate,
+    opt_a = torch.optim.AdamW(trainable(models.policy), lr=t.learning_rate, weight_decay=t.weight_decay)
+    opt_c = torch.optim.AdamW(trainable(models.value), lr=cfg.vapo.value_learning_rate,
                               weight_decay=t.weight_decay) if models.value is not None else None
     return Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
                    _warmup_constant(opt_c, t.warmup_steps) if opt_c else None, *tasks,

@@ -15,6 +15,8 @@ import torch
 from vapo_engine.algo import aggregate_loss, get_policy_loss, kl_penalty, positive_nll_loss, value_loss
 from vapo_engine.rollout.experience import Rollout, response_log_probs, response_values
 
+from .lora import adapter_dropout
+
 
 @dataclass(frozen=True)
 class UpdateSpec:
@@ -52,19 +54,20 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
         opt_actor.zero_grad(set_to_none=True)
     if train_critic:
         opt_critic.zero_grad(set_to_none=True)
-    for s in range(0, mini.size, spec.micro_batch):
-        mb = mini.rows(slice(s, s + spec.micro_batch))
-        weight = float(mb.response_mask.sum() / n_tok)
-        if train_actor:
-            _add(sums, _actor_micro(models, mb, spec, n_tok, n_seq, n_pos), weight)
-        if train_critic:
-            _add(sums, _critic_micro(models, mb, spec, n_tok), weight)
-    if train_actor and replay is not None and spec.positive_lm_coef > 0:
-        with models.autocast():
-            lp, _ = response_log_probs(models.policy, replay)
-            nll = positive_nll_loss(lp, replay.response_mask, replay.correct, global_token_count=n_pos)
-        (spec.positive_lm_coef * nll).backward()
-        sums["actor/positive_nll"] = sums.get("actor/positive_nll", 0.0) + float(nll.detach())
+    with adapter_dropout(models.policy if train_actor else None, models.value if train_critic else None):
+        for s in range(0, mini.size, spec.micro_batch):
+            mb = mini.rows(slice(s, s + spec.micro_batch))
+            weight = float(mb.response_mask.sum() / n_tok)
+            if train_actor:
+                _add(sums, _actor_micro(models, mb, spec, n_tok, n_seq, n_pos), weight)
+            if train_critic:
+                _add(sums, _critic_micro(models, mb, spec, n_tok), weight)
+        if train_actor and replay is not None and spec.positive_lm_coef > 0:
+            with models.autocast():
+                lp, _ = response_log_probs(models.policy, replay)
+                nll = positive_nll_loss(lp, replay.response_mask, replay.correct, global_token_count=n_pos)
+            (spec.positive_lm_coef * nll).backward()
+            sums["actor/positive_nll"] = sums.get("actor/positive_nll", 0.0) + float(nll.detach())
     out = dict(sums)
     if train_actor:
         sync_grads(models.policy)

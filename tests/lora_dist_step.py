@@ -1,0 +1,41 @@
+"""One VAPO rollout step of a LoRA run directory, rewarded by `ParityReward` so that an untrained model's
+policy gets a gradient; dumps rank 0's metrics and synced gradients (tests/test_lora.py runs it as a plain
+process and under `torchrun --nproc_per_node 2`, as tests/dist_step.py does for full fine-tuning)."""
+from __future__ import annotations
+
+import sys
+
+
+class ParityReward:
+    """A task whose reward is the parity of the response's length plus the answer's: a signal even an
+    untrained tiny model's greedy, truncated answers get (correct = odd); the rest is the wrapped task's."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def reward(self, response: str, answer: str) -> float:
+        return float((len(response) + len(answer)) % 2)
+
+
+def main(run_dir: str, out: str) -> None:
+    import torch
+
+    from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.loop import rollout_step
+    from vapo_engine.trainer.setup import build_trainer
+    tr = build_trainer(run_dir, write=False, log=lambda m: None)
+    tr.task = ParityReward(tr.task)
+    metrics = rollout_step(tr)
+    grads = (lambda m: torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.grad is not None]))
+    if tr.world.is_main:
+        torch.save({"metrics": metrics, "grads": grads(tr.models.policy), "vgrads": grads(tr.models.value)},
+                   out)
+    tr.world.barrier()
+    shutdown(tr.world)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
