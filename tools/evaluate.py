@@ -6,7 +6,8 @@ with like.
   `eval.benchmark`); greedy accuracy (temperature 0) and sampled avg@k (k = samples_per_problem, at the
   config's temperature / top_p), per difficulty bucket when the task has buckets; `max_tokens` of the config.
 - **Settings**: from the run's frozen config when a run is named, else from config.toml (+ preset); for a
-  built-in task without a run, max_tokens is capped by the task's own answer length.
+  built-in task without a run, max_tokens is capped by the task's own answer length. The local backend encodes
+  the prompts as the run does (`model.prompt_format` / `model.system_prompt`: chat template or plain).
 - **Backends**: `local` loads a run's checkpoint (newest verified or `step`) or a model directory in a worker
   process (`python -m vapo_engine.serving.local_eval`, which calls the run's own evaluation function): this
   module and the MCP server never import torch. `channel` asks the configured API channel (tools.eval_channel):
@@ -93,6 +94,10 @@ class EvalPlan:
     settings_from: str
     run_id: str | None = None
     step: int | None = None
+    prompt_format: str = "auto"
+    """model.prompt_format of the settings (the local backend's prompts; vapo_engine.prompts)."""
+    system_prompt: str | None = None
+    """model.system_prompt of the settings (None = the task's format instruction)."""
 
 
 def accuracies(kind: str, task, problems, rewards: list[float]) -> dict[str, float]:
@@ -147,7 +152,7 @@ def make_plan(f: Files, *, run_dir: Path | None, step: int | None, benchmark: st
     if caps:
         n, k = min(n, caps[0]), min(k, caps[1])
     plan = EvalPlan(spec, cfg.data.data_dir, n, k, limit, cfg.model.temperature, cfg.model.top_p, seed, origin,
-                    run_id, step)
+                    run_id, step, cfg.model.prompt_format, cfg.model.system_prompt)
     return plan, task
 
 
@@ -290,7 +295,8 @@ async def run_local(plan: EvalPlan, source: ModelSource, *, device: str = "auto"
     """The run's own evaluation of `source` in a worker process (torch stays out of this process)."""
     spec = {"model_dir": str(source.model_dir), "benchmark": plan.benchmark, "data_dir": plan.data_dir,
             "num_problems": plan.num_problems, "samples_per_problem": plan.samples, "max_tokens": plan.max_tokens,
-            "temperature": plan.temperature, "top_p": plan.top_p, "seed": plan.seed, "device": device}
+            "temperature": plan.temperature, "top_p": plan.top_p, "seed": plan.seed, "device": device,
+            "prompt_format": plan.prompt_format, "system_prompt": plan.system_prompt}
     cmd = [sys.executable, "-m", "vapo_engine.serving.local_eval"]
     try:
         with anyio.fail_after(timeout_s):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunRecord
+from vapo_engine.prompts import check_prompts
 from vapo_engine.rundir import PROVIDER_JSON, RunDir
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.tasks import TaskError, get_task
@@ -86,14 +87,17 @@ def _view(rec: RunRecord) -> RunView:
 
 
 def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainConfig:
-    """Validate config + preset + overrides and the datasets they name (errors say what to fix), under the
-    caller's policy (tools.access): a tool call may not move the rendezvous, a remote one may not name paths
-    outside the allowed roots. Both are checked before any data file is opened."""
+    """Validate config + preset + overrides, the datasets they name and the prompt format the model can take
+    (errors say what to fix), under the caller's policy (tools.access): a tool call may not move the
+    rendezvous, a remote one may not name paths outside the allowed roots. Both are checked before any data
+    file is opened."""
     policy = access.current()
     preset = access.preset_for(f, preset, policy)
     cfg = freeze_paths(load_config(f.config, overrides, preset=preset), f.config.resolve().parent)
     access.check_config(f, cfg, policy)
     if why := peft_missing(cfg.lora):
+        raise ToolInputError(why)
+    if why := check_prompts(cfg.model).error:
         raise ToolInputError(why)
     for spec in (cfg.data.train, cfg.eval.benchmark):
         try:

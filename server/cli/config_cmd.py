@@ -2,14 +2,18 @@
 
 Redacted means: the key as prefix + last 4 + length, no `user:pass@` credentials of a base URL, no key pasted
 into `api.api_key_env` (or into a header, a model id, a tag, a `--set` value), in the text and in `--json`.
+It also says how the model will get its prompts (vapo_engine.prompts: its chat template or plain text, read
+from the model directory's files) and fails when `model.prompt_format = "chat"` meets a model without one.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from vapo_engine.config import config_warnings, load_config, load_settings, resolve_channel
-from vapo_engine.config.errors import ConfigError
+from vapo_engine.config.errors import ConfigError, ConfigIssue
 from vapo_engine.config.secrets import redact_tokens, safe_config_dump, safe_settings_dump
+from vapo_engine.prompts import NO_TEMPLATE_FIX, check_prompts
 from vapo_engine.providers import scrub
 
 from .common import add_file_options, add_json_option, dotenv_for, print_json
@@ -37,6 +41,9 @@ def check(args) -> int:
         settings = load_settings(args.settings)
     except ConfigError as e:
         errors += e.issues
+    prompts = check_prompts(config.model, Path(args.config).resolve().parent) if config else None
+    if prompts and prompts.problem:
+        errors.append(ConfigIssue(args.config, "model.prompt_format", prompts.problem, NO_TEMPLATE_FIX))
     if errors:
         _print_issues("error", errors, args.json)
         return 2
@@ -46,7 +53,7 @@ def check(args) -> int:
     config_view, settings_view = safe_config_dump(config.model_dump()), safe_settings_dump(settings.model_dump())
     if args.json:
         print_json({"ok": True, "channel": channel.public(), "config": config_view, "settings": settings_view,
-                    "warnings": [_safe_issue(w) for w in warnings]})
+                    "prompts": prompts.as_dict(), "warnings": [_safe_issue(w) for w in warnings]})
         return 0
     print(f"config:   {args.config}\nsettings: {args.settings}\n")
     print("channel:")
@@ -57,6 +64,7 @@ def check(args) -> int:
         print(f"  [{section}] " + ", ".join(f"{k}={v}" for k, v in values.items()))
     print(f"  derived: prompts_per_step={config.prompts_per_step}, mini_batch_size={config.mini_batch_size}, "
           f"micro_batch_size={config.micro_batch_size}, loss_reduction={config.vapo.reduction}")
+    print(f"  {_safe(prompts.line)}")
     exp = settings_view["experiment"]
     print(f"\nexperiment: {exp['name']} tags={exp['tags']} seed={exp['seed']} "
           f"log_dir={settings_view['runtime']['log_dir']}")

@@ -43,6 +43,14 @@ class ModelConfig(Section):
     """Maximum new tokens per response (paper: up to 20k)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights/autocast dtype; auto = bf16 autocast where the device supports it, else float32."""
+    prompt_format: Literal["auto", "plain", "chat"] = "auto"
+    """How a task's prompt becomes the policy's input (rollouts, evaluation, replayed provider answers):
+    chat = the tokenizer's chat template (system message + the prompt as the user message + the assistant
+    header), what an instruct model expects; plain = the prompt text as-is, what a base model (and the built-in
+    tiny model) expects; auto = chat when the model's tokenizer has a chat template, else plain."""
+    system_prompt: str | None = Field(None, max_length=20_000)
+    """System message of chat prompts: unset = the task's own format instruction (the one API models get in
+    provider samples and channel evaluation); "" = no system message. Unused for plain prompts."""
 
 
 class VapoConfig(Section):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from vapo_engine.algo import entropy_from_logits, log_probs_from_logits
+from vapo_engine.prompts import PromptFormat
 
 from .generate import generate, response_lengths
 
@@ -90,12 +91,13 @@ def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device
 
 
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
-                   do_sample: bool = True) -> Rollout:
-    """Generate one response per problem (repeat problems for groups) and score them with the task."""
+                   do_sample: bool = True, prompt_format: PromptFormat | None = None) -> Rollout:
+    """Generate one response per problem (repeat problems for groups) and score them with the task; the
+    prompts are encoded in `prompt_format` (None = plain)."""
     t0 = time.perf_counter()
     gen = generate(models.policy, models.tokenizer, [p.prompt for p in problems],
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   do_sample=do_sample and temperature > 0)
+                   do_sample=do_sample and temperature > 0, prompt_format=prompt_format)
     dev = models.device
     scores = torch.tensor([task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], dtype=torch.float32)
     resp_mask = gen.response_mask.float()

@@ -1,7 +1,7 @@
 """Batched sampling from any Hugging Face causal LM with the KV cache, returned as padded, masked tensors.
 
-`generate` tokenizes prompts with left padding, calls `model.generate` (attention mask, `use_cache=True`)
-chunk by chunk, and returns a `Generation`: prompts left-padded, responses right-padded, a response mask
+`generate` tokenizes prompts with left padding (plain text, or the model's chat template when given a chat
+`vapo_engine.prompts.PromptFormat`), calls `model.generate` (attention mask, `use_cache=True`) chunk by chunk, and returns a `Generation`: prompts left-padded, responses right-padded, a response mask
 that covers every token up to AND including the first EOS, and pad tokens everywhere after it.
 
 Sampling is pure: the checkpoint's own `generation_config` (top-k, repetition penalty, ...) is ignored and
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
+
+from vapo_engine.prompts import PromptFormat, encode_prompts
 
 
 @dataclass
@@ -79,9 +81,10 @@ def _eval_mode_with_clean_generation_config(model):
         model.train(was_training)
 
 
-def _tokenize_left(tokenizer, prompts: list[str], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tokenize_left(tokenizer, prompts: list[str], pad: int, device,
+                   fmt: PromptFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ids and mask, padded here (works for tokenizers without a pad token or padding side)."""
-    rows = tokenizer(prompts)["input_ids"]
+    rows = encode_prompts(tokenizer, prompts, fmt)
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -115,8 +118,8 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
-def _generate_chunk(model, tokenizer, prompts, config, pad, eos):
-    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device)
+def _generate_chunk(model, tokenizer, prompts, config, pad, eos, fmt):
+    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device, fmt)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
     new_tokens = out[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, eos, pad)
@@ -125,10 +128,12 @@ def _generate_chunk(model, tokenizer, prompts, config, pad, eos):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, do_sample: bool = True, batch_size: int | None = None) -> Generation:
+             top_p: float = 1.0, do_sample: bool = True, batch_size: int | None = None,
+             prompt_format: PromptFormat | None = None) -> Generation:
     """Sample (or, with temperature 0 / do_sample=False, greedily decode) one response per prompt.
 
     `batch_size` splits the prompts into chunks for memory; results are re-padded to common widths.
+    `prompt_format` (vapo_engine.prompts) encodes the prompts; None = plain text, as-is.
     """
     if not prompts:
         raise ValueError("generate() needs at least one prompt")
@@ -138,7 +143,7 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
     config = _sampling_config(max_new_tokens, temperature, top_p, do_sample, pad, eos)
     step = batch_size or len(prompts)
     with _eval_mode_with_clean_generation_config(model):
-        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos)
+        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos, prompt_format)
                   for i in range(0, len(prompts), step)]
     p_width = max(c[0].shape[1] for c in chunks)
     r_width = max(1, max(int(c[3].sum(dim=-1).max().item()) for c in chunks))

@@ -128,7 +128,7 @@ def _collect(tr: Trainer, ask_provider: bool = False):
     mine = prompts[w.rank * share:(w.rank + 1) * share]
     problems = [p for p in mine for _ in range(cfg.vapo.group_size)]
     ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
-                        temperature=cfg.model.temperature, top_p=cfg.model.top_p)
+                        temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
     return attach_old_outputs(tr.models, ro, cfg.micro_batch_size)
 
 
@@ -178,7 +178,7 @@ def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
         m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
                      samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
                      temperature=c.model.temperature, top_p=c.model.top_p,
-                     seed=tr.info.seed + 7919 * tr.step)
+                     seed=tr.info.seed + 7919 * tr.step, prompt_format=tr.eval_prompts)
         on_record(tr.logger.log(tr.step, "eval", m))
     m = tr.world.broadcast_json(m)
     tr.history["last_eval"] = m

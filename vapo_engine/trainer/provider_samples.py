@@ -3,8 +3,9 @@
 For every rollout step, rank 0 sends the step's prompts (with the task's format instruction as the system
 message) to the configured channel through `vapo_engine.providers.ProviderWorker` — a background thread with a
 bounded queue, so a slow, rate-limited or failing provider never stalls a step. Finished answers are checked by
-the task's checker; correct ones are tokenized with the policy's tokenizer exactly like a rollout (the raw
-prompt, then the answer and EOS) and returned for the replay buffer, where they only ever feed the
+the task's checker; correct ones are tokenized with the policy's tokenizer exactly like a rollout (the prompt
+in the run's prompt format — `vapo_engine.prompts.encode_prompts`, plain or the chat template — then the answer
+and EOS) and returned for the replay buffer, where they only ever feed the
 positive-example NLL (off-policy positives need no importance ratio). Answers longer than the token cap are
 counted, not replayed.
 
@@ -25,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from vapo_engine.config import TrainConfig, load_settings, resolve_channel
+from vapo_engine.prompts import PromptFormat, encode_prompts
 from vapo_engine.providers.redaction import scrub_obj
 from vapo_engine.rundir import PROVIDER_CACHE as CACHE
 from vapo_engine.rundir import PROVIDER_JSON as STATE
@@ -47,12 +49,14 @@ class NullProviderSamples:
         pass
 
 
-def provider_samples(cfg: TrainConfig, run_dir: Path, tokenizer, task, *, is_main: bool, log=print):
-    """The run's provider sampler, or the null one (disabled, not rank 0, or the channel cannot be built)."""
+def provider_samples(cfg: TrainConfig, run_dir: Path, tokenizer, task, *, is_main: bool, log=print,
+                     prompt_format: PromptFormat | None = None):
+    """The run's provider sampler, or the null one (disabled, not rank 0, or the channel cannot be built).
+    `prompt_format` is the rollouts' (None = plain): replayed prompt ids must be the rollout's."""
     if not cfg.provider_rollouts.enabled or not is_main:
         return NullProviderSamples()
     try:
-        return ProviderSamples(cfg, Path(run_dir), tokenizer, task, log=log)
+        return ProviderSamples(cfg, Path(run_dir), tokenizer, task, log=log, prompt_format=prompt_format)
     except Exception as e:  # noqa: BLE001 - provider samples are optional: a setup failure must not end training
         RunDir(run_dir).write_json(STATE, {"down": {"reason": f"provider samples not started: {e}",
                                                     "fix": "check the channel with vapo-mcp check"}})
@@ -61,11 +65,13 @@ def provider_samples(cfg: TrainConfig, run_dir: Path, tokenizer, task, *, is_mai
 
 
 class ProviderSamples:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, tokenizer, task, log=print):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, tokenizer, task, log=print,
+                 prompt_format: PromptFormat | None = None):
         from vapo_engine.diagnostics import explain_provider_down
         from vapo_engine.providers import ConcurrencyPolicy, ProviderWorker
         p = cfg.provider_rollouts
         self.rd, self.tok, self.task, self.log = RunDir(run_dir), tokenizer, task, log
+        self.prompt_format = prompt_format
         self.n = p.samples_per_prompt or cfg.vapo.group_size
         self.max_requests, self.cap = p.max_requests, p.max_tokens or cfg.model.max_tokens
         chat = {"temperature": cfg.model.temperature if p.temperature is None else p.temperature,
@@ -129,7 +135,7 @@ class ProviderSamples:
         if len(resp) > self.cap:
             self.counts["too_long"] += 1
             return None
-        return self.tok(prompt)["input_ids"], resp
+        return encode_prompts(self.tok, [prompt], self.prompt_format)[0], resp
 
     def _report_down(self) -> None:
         down = self.worker.down

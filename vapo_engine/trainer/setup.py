@@ -3,7 +3,10 @@ random streams and the metrics sink — fresh, or restored from the newest compl
 
 AdamW for actor and critic with warmup-then-constant learning rates (SPEC §3), over the parameters that train
 (all of them, or the LoRA adapters and value head with [lora]). The reference model is always the *initial*
-policy, also on resume (with LoRA: the policy with its adapters switched off). This file does not run the loop.
+policy, also on resume (with LoRA: the policy with its adapters switched off). The prompt format
+(vapo_engine.prompts: the chat template or plain text) is resolved once, from the loaded tokenizer, for the
+training task and for the held-out task (each with its own format instruction as the default system message).
+This file does not run the loop.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import torch
 
 from vapo_engine.algo.schedule import warmup_constant
 from vapo_engine.config import TrainConfig
+from vapo_engine.prompts import BUILTIN, PLAIN, PromptFormat, resolve_prompt_format
+from vapo_engine.prompts import describe as describe_prompts
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.tasks import get_task
@@ -47,6 +52,10 @@ class Trainer:
     world: World = field(default_factory=World)
     replay_rng: random.Random = field(default_factory=random.Random)
     provider: object = field(default_factory=NullProviderSamples)
+    prompts: PromptFormat = PLAIN
+    """How the training task's prompts are encoded (rollouts, replayed provider answers)."""
+    eval_prompts: PromptFormat = PLAIN
+    """How the held-out task's prompts are encoded (the run's evaluation, like `vapo-mcp eval`)."""
     step: int = 0
     pretrain_step: int = 0
     rollout_step: int = 0
@@ -86,6 +95,7 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     world = init_world(cfg.distributed.backend, cfg.training.device)
     torch.manual_seed(info.seed + 1_000_003 * world.rank)
     base = _base_model(cfg, world, log)
+    resolve_prompt_format(cfg.model, base, where=_model_name(cfg, base))  # before any weights load
     device = pick_device(cfg.training.device, world.local_rank)
     data_dir = Path(cfg.data.data_dir)
     tasks = (get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir))  # not a checkpoint's fault
@@ -97,10 +107,23 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     tr = tr or make(None)
     if cfg.lora.enabled and world.is_main:
         log(describe(tr.models))
+    _set_prompts(tr, base, log if world.is_main else (lambda m: None))
     tr.logger = MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger()
     tr.provider = provider_samples(cfg, run_dir, tr.models.tokenizer, tr.task, is_main=write and world.is_main,
-                                   log=log)
+                                   log=log, prompt_format=tr.prompts)
     return tr
+
+
+def _set_prompts(tr: Trainer, base: Path, log) -> None:
+    """The prompt formats of the training and held-out tasks, from the loaded tokenizer; one log line."""
+    tok, model, where = tr.models.tokenizer, tr.cfg.model, _model_name(tr.cfg, base)
+    tr.prompts = resolve_prompt_format(model, tok, tr.task, where=where)
+    tr.eval_prompts = resolve_prompt_format(model, tok, tr.eval_task, where=where)
+    log(f"prompts: {describe_prompts(tr.prompts, model, where)}")
+
+
+def _model_name(cfg: TrainConfig, base: Path) -> str:
+    return str(base) if cfg.model.local_path else BUILTIN
 
 
 def _base_model(cfg: TrainConfig, world: World, log) -> Path:
