@@ -67,13 +67,16 @@ def test_429_storm_lowers_then_restores_concurrency_and_positives_still_arrive(t
         sent = srv.count(CHAT)
     assert summary["status"] == "succeeded"
     last = train_records(run_dir)[-1]
-    assert last["provider/rate_limited"] >= 6 and last["provider/last_retry_after_s"] == pytest.approx(0.15)
-    assert last["provider/concurrency_low"] == 1, "repeated 429s halve the limit (2 -> 1)"
-    assert last["provider/concurrency"] == 2, "successes after the storm restore it"
-    assert last["provider/ok"] > 0 and last["provider/accuracy"] == 1.0
-    assert last["provider/positives_added"] > 0 and last["vapo/replay_provider"] > 0
-    assert last["provider/requests"] == sent and "provider/down" not in last or last["provider/down"] == 0
-    assert not (run_dir / "provider.json").exists()
+    assert last["provider/positives_added"] > 0 and last["vapo/replay_provider"] > 0, "positives still arrive"
+    # the run's totals when the worker stopped (the last logged step may precede the last answers)
+    state = json.loads((run_dir / "provider.json").read_text())
+    final = state["final"]
+    assert "down" not in state and final["provider/down"] == 0
+    assert final["provider/rate_limited"] == 6 and final["provider/last_retry_after_s"] == pytest.approx(0.15)
+    assert final["provider/concurrency_low"] == 1, "repeated 429s halve the limit (2 -> 1)"
+    assert final["provider/concurrency"] == 2, "successes after the storm restore it"
+    assert final["provider/ok"] > 0 and final["provider/accuracy"] == 1.0
+    assert 0 < final["provider/requests"] <= sent  # attempts cancelled by the stop reached the server uncounted
     cached = [json.loads(x) for x in (run_dir / "provider_cache.jsonl").read_text().splitlines()]
     assert cached and all(1 <= len(c["contents"]) <= 2 for c in cached)  # a 429 past its retries: one answer
     assert_no_key(run_dir)

@@ -87,6 +87,9 @@ class ProviderSamples:
         self.sent, self.partial, self.ready = len(self.cache), {}, []
         self.counts = {"positives": 0, "checked": 0, "correct": 0, "too_long": 0, "cache_hits": 0}
         self.down_said = False
+        old = self.rd.read_json(STATE)
+        if old and "down" in old:  # a resumed run asks again: the previous attempt's verdict no longer holds
+            self.rd.write_json(STATE, {k: v for k, v in old.items() if k != "down"})
 
     def submit(self, problems) -> None:
         """Ask for answers to `problems` (cached ones are taken from the cache; the budget is respected)."""
@@ -141,9 +144,15 @@ class ProviderSamples:
         down = self.worker.down
         if down is not None and not self.down_said:
             self.down_said = True
-            key = [self.worker.channel.key] if self.worker.channel.key else []
-            self.rd.write_json(STATE, scrub_obj({"down": down.model_dump(mode="json")}, key))
+            self._write_state(down=down.model_dump(mode="json"))
             self.log(f"provider samples stopped: {down.line()}; training continues on local samples")
+
+    def _write_state(self, **fields) -> None:
+        """provider.json: `down` (why the provider is no longer used, once it is) and `final` (the run's provider
+        totals when the worker stopped, including answers that landed after the last logged step)."""
+        key = [self.worker.channel.key] if self.worker.channel.key else []
+        state = self.rd.read_json(STATE) or {}
+        self.rd.write_json(STATE, scrub_obj({**state, **fields}, key))
 
     def metrics(self) -> dict[str, float]:
         c = self.counts
@@ -162,6 +171,7 @@ class ProviderSamples:
         self._absorb()
         self._report_down()
         self.worker.stop(timeout=2.0)
+        self._write_state(final=self.metrics())
 
 
 def _channel(rd: RunDir, cfg: TrainConfig):
