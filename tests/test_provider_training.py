@@ -66,16 +66,15 @@ def test_429_storm_lowers_then_restores_concurrency_and_positives_still_arrive(t
         summary = train(run_dir, log=lambda *a: None)
         sent = srv.count(CHAT)
     assert summary["status"] == "succeeded"
-    last = train_records(run_dir)[-1]
-    assert last["provider/positives_added"] > 0 and last["vapo/replay_provider"] > 0, "positives still arrive"
-    # the run's totals when the worker stopped (the last logged step may precede the last answers)
+    # the run's totals when the worker stopped (on a slow machine the storm may outlast these 5 quick steps, so
+    # the last logged step may precede the answers; that they reach the replay buffer is checked on resume below)
     state = json.loads((run_dir / "provider.json").read_text())
     final = state["final"]
     assert "down" not in state and final["provider/down"] == 0
     assert final["provider/rate_limited"] == 6 and final["provider/last_retry_after_s"] == pytest.approx(0.15)
     assert final["provider/concurrency_low"] == 1, "repeated 429s halve the limit (2 -> 1)"
     assert final["provider/concurrency"] == 2, "successes after the storm restore it"
-    assert final["provider/ok"] > 0 and final["provider/accuracy"] == 1.0
+    assert final["provider/ok"] > 0 and final["provider/correct"] > 0 and final["provider/accuracy"] == 1.0
     assert 0 < final["provider/requests"] <= sent  # attempts cancelled by the stop reached the server uncounted
     cached = [json.loads(x) for x in (run_dir / "provider_cache.jsonl").read_text().splitlines()]
     assert cached and all(1 <= len(c["contents"]) <= 2 for c in cached)  # a 429 past its retries: one answer
@@ -96,6 +95,8 @@ def test_cached_answers_are_not_paid_twice_on_resume(tmp_path, model_dir, monkey
     assert summary["status"] == "succeeded"
     resumed = train_records(run_dir)[-1]
     assert resumed["step"] == 3 and resumed["provider/cache_hits"] == 4 and resumed["provider/sent"] >= 8
+    # cached answers are ready at once: correct ones reach the positive replay buffer in that same step
+    assert resumed["provider/positives_added"] > 0 and resumed["vapo/replay_provider"] > 0
 
 
 def test_provider_401_run_continues_and_status_and_diagnosis_say_why(runs_env, model_dir, monkeypatch):

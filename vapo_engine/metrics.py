@@ -72,6 +72,7 @@ CATALOGUE: dict[str, str] = {
         "sent": "prompts sent (the max_requests budget counts these)",
         "cache_hits": "prompts answered from the run's cache (a resumed run does not pay twice)",
         "accuracy": "fraction of provider answers the task's checker accepts",
+        "correct": "provider answers the task's checker accepts",
         "positives_added": "correct provider answers added to the positive replay buffer",
         "too_long": "correct provider answers longer than the token cap (not replayed)"}.items()},
     "vapo/replay_provider": "provider answers in the positive replay buffer",

@@ -92,8 +92,9 @@ class VapoConfig(Section):
     value_pretrain_epochs: int = Field(1, ge=1, le=100)
     """Passes over each value-pretraining rollout, in mini-batches of training.mini_batch_size."""
     value_pretrain_patience: int = Field(0, ge=0, le=1_000_000)
-    """Stop value pretraining once the held-out explained variance has not improved by
-    value_pretrain_min_delta for this many rounds; 0 = run all value_pretrain_steps (the paper's fixed count)."""
+    """Stop value pretraining once the median held-out explained variance of the last this-many rounds is not
+    value_pretrain_min_delta above the best earlier window's; 0 = run all value_pretrain_steps (the paper's
+    fixed count)."""
     value_pretrain_min_delta: float = Field(0.01, ge=0, le=1)
     """Smallest gain in held-out explained variance that counts as progress for the stopping rule."""
     value_learning_rate: float = Field(2e-6, gt=0, le=1)

@@ -15,6 +15,7 @@ training targets is `critic/explained_var_targets`. Undefined EV (constant retur
 from __future__ import annotations
 
 import math
+import statistics
 
 from vapo_engine.algo import ev_from_stats, ev_stats
 
@@ -79,14 +80,29 @@ def value_pretrain_round(tr, collect, minibatches) -> dict[str, float]:
 
 
 def _track_plateau(tr, ev: float | None) -> None:
-    """Record the held-out EV; mark pretraining done once it has not improved by min_delta for `patience`
-    rounds (patience 0 = only the step cap)."""
+    """Record the held-out EV; mark pretraining done once the median EV of the last `patience` rounds is not
+    `min_delta` above the best median of any earlier window of as many rounds (patience 0 = only the step cap).
+    Windows and medians, not single rounds: one round's EV comes from one small fresh rollout and is noisy (on
+    builtin:chain with 64 samples it jumped from 0.35 to -0.47 between rounds of a rising critic), and a
+    zero-init head sits at EV 0 for its first rounds — comparing single rounds stopped pretraining on noise."""
     v = tr.cfg.vapo
     hist = tr.history.setdefault("pretrain_ev", [])
-    hist.append(ev if ev is not None else float("-inf"))
+    hist.append(ev if ev is not None else float("nan"))
     k = v.value_pretrain_patience
-    if k and len(hist) > k and max(hist[-k:]) < max(hist[:-k]) + v.value_pretrain_min_delta:
+    if k and plateaued(hist, k, v.value_pretrain_min_delta):
         tr.history["pretrain_stopped_at"] = tr.pretrain_step
+
+
+def plateaued(hist: list[float], k: int, min_delta: float) -> bool:
+    """Whether the last k values (their median; undefined values skipped) fail to beat every earlier k-window's
+    median by min_delta. Needs 2k values."""
+    def median(xs: list[float]) -> float:
+        ok = [x for x in xs if not math.isnan(x)]
+        return statistics.median(ok) if ok else float("-inf")
+    if len(hist) < 2 * k:
+        return False
+    best_before = max(median(hist[i:i + k]) for i in range(len(hist) - 2 * k + 1))
+    return median(hist[-k:]) < best_before + min_delta
 
 
 def pretraining_done(tr) -> bool:

@@ -158,6 +158,7 @@ class ProviderSamples:
         c = self.counts
         out = {k: float(v) for k, v in self.worker.stats().metrics().items() if isinstance(v, (int, float, bool))}
         out |= {"provider/positives_added": float(c["positives"]), "provider/too_long": float(c["too_long"]),
+                "provider/correct": float(c["correct"]),
                 "provider/cache_hits": float(c["cache_hits"]), "provider/sent": float(self.sent)}
         if c["checked"]:
             out["provider/accuracy"] = c["correct"] / c["checked"]
@@ -169,6 +170,9 @@ class ProviderSamples:
         while self.worker.pending and self.worker.down is None and time.monotonic() < end:
             time.sleep(0.05)
         self._absorb()
+        for item in self.ready:  # too late to replay; checked so the final totals count every answer
+            self._pair(*item)
+        self.ready = []
         self._report_down()
         self.worker.stop(timeout=2.0)
         self._write_state(final=self.metrics())
