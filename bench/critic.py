@@ -82,6 +82,8 @@ def near_best_values(models, task, ro):
 
 def compare(preset: str, value_path: str, batch: int, extra: list[str]) -> dict:
     """EV of the critic at `value_path` and of the near-best V* on one fresh batch of the initial policy."""
+    from dataclasses import replace
+
     import torch
 
     from vapo_engine.algo import ev_from_stats, ev_stats
@@ -100,7 +102,7 @@ def compare(preset: str, value_path: str, batch: int, extra: list[str]) -> dict:
                         max_new_tokens=cfg.model.max_tokens, temperature=cfg.model.temperature, top_p=cfg.model.top_p)
     with torch.no_grad():
         critic = response_values(models.value, ro)
-    mc = monte_carlo_returns(ro).returns
+    mc = monte_carlo_returns(replace(ro, values=critic)).returns  # λ = γ = 1: the values do not enter
     star = near_best_values(models, task, ro)
     from vapo_engine.trainer.critic import LENGTH_BUCKETS
     mask = ro.response_mask
@@ -109,7 +111,9 @@ def compare(preset: str, value_path: str, batch: int, extra: list[str]) -> dict:
     parts = {"all": mask}
     parts |= {f"pos_q{q + 1}": mask * ((pos >= q / 4) & (pos < (q + 1) / 4)) for q in range(4)}
     parts |= {f"len_{b}": mask * ((lengths >= lo) & (lengths <= hi)) for b, lo, hi in LENGTH_BUCKETS}
-    ev = (lambda v, m: float(ev_from_stats(ev_stats(v, mc, m.float()))))
+    def ev(v, m):  # None where undefined (an empty bucket, constant returns): omitted, never a number
+        x = float(ev_from_stats(ev_stats(v, mc, m.float())))
+        return x if math.isfinite(x) else None
     rows = {name: {"critic": ev(critic, m), "near_best": ev(star, m)} for name, m in parts.items()}
     return {"batch": ro.size, "accuracy": float(ro.correct.float().mean()), "ev": rows,
             "mean_response_length": float(lengths.float().mean())}
@@ -146,7 +150,8 @@ def main() -> None:
         best = max(runs, key=lambda r: r["last3"])
         cmp_ = compare(a.preset, best["value_path"], 32 if a.smoke else a.eval_batch, extra)
     for name, row in cmp_["ev"].items():
-        print(f"  EV {name:9} critic {row['critic']:+.3f}   near-best {row['near_best']:+.3f}")
+        show = (lambda x: "undefined" if x is None else f"{x:+.3f}")
+        print(f"  EV {name:9} critic {show(row['critic'])}   near-best {show(row['near_best'])}")
     record = {"config": {"preset": a.preset, "rounds": rounds, "smoke": a.smoke, "lrs": lrs, "warmups": warmups,
                          "epochs": epochs, "overrides": extra},
               "sweep": [{k: v for k, v in r.items() if k != "value_path"} for r in runs],
@@ -172,8 +177,8 @@ def _plot(runs: list[dict], cmp_: dict, path: Path) -> None:
     a.grid(alpha=0.3)
     names = list(cmp_["ev"])
     xs = range(len(names))
-    b.bar([x - 0.2 for x in xs], [cmp_["ev"][n]["critic"] for n in names], 0.4, label="critic")
-    b.bar([x + 0.2 for x in xs], [cmp_["ev"][n]["near_best"] for n in names], 0.4, label="near-best V*")
+    b.bar([x - 0.2 for x in xs], [cmp_["ev"][n]["critic"] or 0.0 for n in names], 0.4, label="critic")
+    b.bar([x + 0.2 for x in xs], [cmp_["ev"][n]["near_best"] or 0.0 for n in names], 0.4, label="near-best V*")
     b.set_xticks(list(xs), names, rotation=45, fontsize=7)
     b.set_ylabel("explained variance vs Monte-Carlo returns")
     b.legend(fontsize=7)
