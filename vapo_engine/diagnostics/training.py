@@ -111,11 +111,15 @@ def _mean_length(ev: Evidence) -> float | None:
 # --- oscillation, trends ---------------------------------------------------------------------------------
 
 @predicate
-def metric_oscillating(ev: Evidence, metric: str, min_points: int = 10, min_flip_frac: float = 0.6,
+def metric_oscillating(ev: Evidence, metric: str, min_points: int = 10, min_flip_frac: float = 0.8,
                        min_amplitude: float = 0.0, min_rel_amplitude: float = 0.0, bernoulli: bool = False,
                        noise_mult: float = 2.5, window: int = 50) -> str | None:
-    """`metric` changes direction on most steps with a large mean step-to-step change. For a batch mean of
-    0/1 outcomes (`bernoulli`), the change must also exceed `noise_mult` × what sampling noise alone gives."""
+    """`metric` changes direction on most steps (`min_flip_frac`: independent noise already flips on 2/3 of
+    steps, so only clearly more counts) with a large mean step-to-step change. For a batch mean of
+    0/1 outcomes (`bernoulli`), the change must also exceed `noise_mult` × what sampling noise alone gives —
+    counting prompts, not responses: the group_size answers of one prompt share its difficulty (on a task
+    whose prompts range from trivial to rarely solved, a batch's mean moves with which prompts it drew), so
+    the floor is that of batch_size / group_size independent outcomes."""
     xs = _vals(ev, metric)[-window:]
     if len(xs) < min_points:
         return None
@@ -124,17 +128,19 @@ def metric_oscillating(ev: Evidence, metric: str, min_points: int = 10, min_flip
         return None
     flips = sum((a > 0) != (b > 0) for a, b in pairwise(d)) / (len(d) - 1)
     amp, level = _mean([abs(x) for x in d]), _mean(xs)
-    batch = _cfg(ev, "training.batch_size")
+    batch, group = _cfg(ev, "training.batch_size"), _cfg(ev, "vapo.group_size")
+    prompts = batch // group if isinstance(batch, int) and isinstance(group, int) and group > 0 else batch
     noise = 0.0
-    if bernoulli and isinstance(batch, int) and batch > 0 and all(0.0 <= x <= 1.0 for x in xs):
+    if bernoulli and isinstance(prompts, int) and prompts > 0 and all(0.0 <= x <= 1.0 for x in xs):
         p = min(max(level, 0.05), 0.95)
-        noise = 1.128 * math.sqrt(p * (1 - p) / batch)  # E|x_t+1 − x_t| of independent batch means
+        noise = 1.128 * math.sqrt(p * (1 - p) / prompts)  # E|x_t+1 − x_t| of independent batch means
     need = max(min_amplitude, min_rel_amplitude * abs(level), noise_mult * noise)
     if flips < min_flip_frac or amp <= need:
         return None
     said = (f"{metric} changes direction on {flips:.0%} of steps with a mean step-to-step change of "
             f"{amp:.3g} (mean {level:.3g}) over the last {len(xs)} steps")
-    return said + (f"; batch sampling noise alone would give ≈{noise:.2g} at batch {batch}" if noise else "")
+    return said + (f"; batch sampling noise alone would give ≈{noise:.2g} at {prompts} prompts per step"
+                   if noise else "")
 
 
 @predicate
