@@ -3,36 +3,15 @@ loopback-only without one, DNS-rebinding protection, and an unauthenticated /hea
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from mcp.server.transport_security import TransportSecuritySettings
 
-from vapo_engine.errors import UserError
+from vapo_engine.serving.security import MIN_TOKEN_CHARS, TOKEN_ENV, check_bind
 
-TOKEN_ENV = "VAPO_MCP_TOKEN"
-MIN_TOKEN_CHARS = 16
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-MAKE_TOKEN = f"export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+__all__ = ["MIN_TOKEN_CHARS", "TOKEN_ENV", "check_token", "http_app", "serve_http"]
+check_token = check_bind
+"""One set of bind rules for both servers (this MCP server and serve-model): vapo_engine.serving.security."""
 UNAUTHORIZED = b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_token(host: str, token: str | None) -> None:
-    """Refuse a public bind without a token, and any bind with a token too short to resist guessing."""
-    if not token and not is_loopback(host):
-        raise UserError(f"refusing to bind {host} without a bearer token: {MAKE_TOKEN} (clients send "
-                        "Authorization: Bearer <it>), or bind 127.0.0.1")
-    if token and len(token) < MIN_TOKEN_CHARS:
-        raise UserError(f"{TOKEN_ENV} is too short ({len(token)} characters; at least {MIN_TOKEN_CHARS} needed): "
-                        f"generate a random one with {MAKE_TOKEN}")
 
 
 class BearerAuth:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from vapo_engine.config import ConfigError, load_config, load_settings
 from vapo_engine.errors import UserError
+from vapo_engine.metrics import accuracies
 from vapo_engine.providers import safe_text
 from vapo_engine.runs import freeze_paths, load_run
 from vapo_engine.serving.source import ModelSource, resolve_source
@@ -98,18 +99,6 @@ class EvalPlan:
     """model.prompt_format of the settings (the local backend's prompts; vapo_engine.prompts)."""
     system_prompt: str | None = None
     """model.system_prompt of the settings (None = the task's format instruction)."""
-
-
-def accuracies(kind: str, task, problems, rewards: list[float]) -> dict[str, float]:
-    """`vapo_engine.rollout.evaluate.accuracies`, torch-free (that module imports torch; a test keeps the two
-    identical): eval/<kind>_accuracy and eval/<kind>_accuracy_<bucket>."""
-    out = {f"eval/{kind}_accuracy": sum(rewards) / max(1, len(rewards))}
-    if hasattr(task, "bucket"):
-        groups: dict[str, list[float]] = {}
-        for p, s in zip(problems, rewards):
-            groups.setdefault(task.bucket(p), []).append(s)
-        out |= {f"eval/{kind}_accuracy_{b}": sum(v) / len(v) for b, v in groups.items()}
-    return out
 
 
 def percentile(xs: list[float], q: float) -> float:

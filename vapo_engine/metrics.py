@@ -114,3 +114,14 @@ def read_metrics(path: str | Path) -> list[dict]:
 def series(records: list[dict], name: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric, in file order."""
     return [(int(r.get(STEP, 0)), float(r[name])) for r in records if isinstance(r.get(name), (int, float))]
+
+
+def accuracies(kind: str, task, problems, rewards: list[float]) -> dict[str, float]:
+    """eval/<kind>_accuracy, and per difficulty bucket when the task names them (`task.bucket(problem)`)."""
+    out = {f"eval/{kind}_accuracy": sum(rewards) / max(1, len(rewards))}
+    if hasattr(task, "bucket"):
+        groups: dict[str, list[float]] = {}
+        for p, s in zip(problems, rewards):
+            groups.setdefault(task.bucket(p), []).append(s)
+        out |= {f"eval/{kind}_accuracy_{b}": sum(v) / len(v) for b, v in groups.items()}
+    return out

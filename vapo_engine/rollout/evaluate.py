@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vapo_engine.metrics import accuracies
 from vapo_engine.prompts import PromptFormat
 
 from .generate import generate, response_lengths
@@ -21,17 +22,6 @@ def scores(policy, tokenizer, task, problems, *, max_new_tokens: int, greedy: bo
                    temperature=temperature, top_p=top_p, do_sample=not greedy, batch_size=batch_size,
                    prompt_format=prompt_format)
     return [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], gen
-
-
-def accuracies(kind: str, task, problems, rewards: list[float]) -> dict[str, float]:
-    """eval/<kind>_accuracy, and per difficulty bucket when the task names them (`task.bucket(problem)`)."""
-    out = {f"eval/{kind}_accuracy": sum(rewards) / max(1, len(rewards))}
-    if hasattr(task, "bucket"):
-        groups: dict[str, list[float]] = {}
-        for p, s in zip(problems, rewards):
-            groups.setdefault(task.bucket(p), []).append(s)
-        out |= {f"eval/{kind}_accuracy_{b}": sum(v) / len(v) for b, v in groups.items()}
-    return out
 
 
 def evaluate(models, task, *, num_problems: int, samples_per_problem: int, max_new_tokens: int,

@@ -1,7 +1,5 @@
 """Who may talk to a served model: loopback by default, a bearer token for any other bind, and a Host-header
-check against DNS rebinding. The same rules as `vapo-mcp serve --http` (server/http.py: the same token
-variable and minimum length; vapo_engine may not import the server package, so the few lines live here too),
-with errors in the OpenAI shape so that OpenAI clients show them.
+check against DNS rebinding. `vapo-mcp serve --http` (server/http.py) uses these same bind rules, with errors in the OpenAI shape so that OpenAI clients show them.
 
 - `check_bind(host, token)`: refuse a non-loopback bind without `VAPO_MCP_TOKEN`, and a token too short.
 - `Guard`: pure ASGI middleware. Every request except `GET /health` needs `Authorization: Bearer <token>`
@@ -36,7 +34,7 @@ def is_loopback(host: str) -> bool:
 
 def check_bind(host: str, token: str | None) -> None:
     if not token and not is_loopback(host):
-        raise UserError(f"refusing to serve on {host} without a bearer token: {MAKE_TOKEN} (clients send it as "
+        raise UserError(f"refusing to listen on {host} without a bearer token: {MAKE_TOKEN} (clients send it as "
                         "their API key: Authorization: Bearer <it>), or bind 127.0.0.1")
     if token and len(token) < MIN_TOKEN_CHARS:
         raise UserError(f"{TOKEN_ENV} is too short ({len(token)} characters; at least {MIN_TOKEN_CHARS} needed): "
