@@ -173,8 +173,57 @@ def provider_samples(rec: dict) -> str:
     return "\n".join([*lines, "", note, "", _machine(rec)])
 
 
+def _mib(x) -> str:
+    return "—" if x is None else f"{x / 2 ** 20:.0f}"
+
+
+def memory(rec: dict) -> str:
+    c, m = rec["config"], rec["config"]["model"]
+    lines = [("| strategy | rank | parameters (MiB) | gradients (MiB) | AdamW states (MiB) | tensors total (MiB) | "
+              "bytes per model parameter | peak RSS − baseline (MiB) | of which setup / step 1 / step 2 |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        phases = " / ".join(_mib(r[f"{k}_peak_minus_baseline"]) for k in ("setup", "first_step", "step"))
+        lines.append(f"| {r['strategy']} | {r['rank']} | {r['param_bytes'] / 2 ** 20:.1f} | "
+                     f"{r['grad_bytes'] / 2 ** 20:.1f} | {r['optimizer_bytes'] / 2 ** 20:.1f} | "
+                     f"{r['tensor_bytes'] / 2 ** 20:.1f} | {r['bytes_per_param']:.2f} | "
+                     f"{_mib(r['peak_rss_minus_baseline'])} | {phases} |")
+    for s, run in rec["runs"].items():
+        if not run["ok"]:
+            lines.append(f"| {s} | — | failed: {run['error'].strip().splitlines()[-1][:200]} | | | | | | |")
+    base = sorted({_mib(r["baseline_rss"]) for r in rec["rows"]})
+    lines += ["", (f"Random-init Qwen2 (hidden {m['hidden']}, {m['layers']} layers; {m.get('policy_params', 0):,} "
+                   f"policy + {m.get('value_params', 0):,} value parameters), {c['world_size']} gloo processes, two "
+                   f"rollout steps of 4 responses (≤ 8 tokens), LoRA r {c['lora_r']} on every trunk linear; tensors "
+                   f"counted after step 2 (a DTensor counts its local shard); RSS baseline after the imports: "
+                   f"{', '.join(base)} MiB per rank.")]
+    worlds = sorted({r["world"] for r in rec["extrapolation"]})
+    strategies = list(dict.fromkeys(r["strategy"] for r in rec["extrapolation"]))
+    lines += ["", "| model shapes (policy + value parameters) | " + " | ".join(
+        f"{s}, {w} rank{'s' if w > 1 else ''}" for s in strategies for w in worlds) + " |",
+              "|---|" + "---|" * (len(strategies) * len(worlds))]
+    for name, t in rec["targets"].items():
+        cells = {(r["strategy"], r["world"]): r["gib_per_rank"] for r in rec["extrapolation"] if r["model"] == name}
+        lines.append(f"| {name} ({t['policy'] / 1e9:.2f} B + {t['value'] / 1e9:.2f} B) | " + " | ".join(
+            f"{cells[s, w]:.1f}" for s in strategies for w in worlds) + " |")
+    how = rec["extrapolation_method"].replace("\n", " ")
+    lines += ["", ("GiB per rank of policy + value weights, gradients and AdamW states (fp32; activations not "
+                   f"included). {how[0].upper()}{how[1:]}")]
+    lines += ["", ("| bf16 on CUDA, GiB per rank (arithmetic) | fsdp: persistent at " + ", ".join(map(str, worlds))
+                   + " ranks | fsdp: + transient ≤ | ddp: persistent | ddp: + flat fp32 gradients | ddp: + autocast "
+                   "copies ≤ | lora: fp32 base (engine) | lora: bf16 base (not implemented) |"),
+              "|---|---|---|---|---|---|---|---|"]
+    for name, x in rec["bf16_cuda_arithmetic"].items():
+        lines.append(f"| {name} | {' / '.join(str(v) for v in x['fsdp_persistent'].values())} | "
+                     f"{x['fsdp_transient_up_to']} | {x['ddp_persistent']} | {x['ddp_transient_flat_grads']} | "
+                     f"{x['autocast_bf16_weight_copies_up_to']} | {x['lora_frozen_fp32']} | {x['lora_if_bf16_base']} |")
+    lines += ["", rec["bf16_note"], "", _machine(rec)]
+    return "\n".join(lines)
+
+
 RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
-          "concurrency": concurrency, "trl_side_by_side": trl_side_by_side, "provider_samples": provider_samples}
+          "concurrency": concurrency, "trl_side_by_side": trl_side_by_side, "provider_samples": provider_samples,
+          "memory": memory}
 OPTIONAL = {"trl_side_by_side"}
 """Records of optional extras: left out of the report, not flagged, when missing."""
 

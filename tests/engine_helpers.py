@@ -18,3 +18,21 @@ def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str =
     cfg = load_config(ROOT / "config.toml", over, preset="cpu-demo")
     settings = load_settings(ROOT / "settings.json")
     return create_run(cfg, settings, tmp_path / "runs", run_id=name).run_dir
+
+
+def random_value_dir(folder: Path, model_dir: Path) -> Path:
+    """A value model of `model_dir`'s architecture whose scalar head is random instead of zero, so that values,
+    advantages, value losses and hence every gradient of a step are non-zero even when no reward is earned
+    (an untrained model's usual case) — parity tests that compare zeros with zeros prove nothing."""
+    import torch
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    out = Path(folder) / "value-random-head"
+    if not (out / "config.json").is_file():
+        cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
+        value = AutoModelForTokenClassification.from_pretrained(model_dir, config=cfg)
+        with torch.no_grad():
+            torch.manual_seed(0)
+            value.score.weight.normal_(0, 0.5)
+            value.score.bias.fill_(0.3)
+        value.save_pretrained(out)
+    return out

@@ -24,7 +24,8 @@ SMOKES = {"throughput": ["--dtypes", "float32"],
           "sample_efficiency": ["--algos", "vapo,grpo"],
           "ablation": ["--variants", "vapo,no_positive_lm"],
           "concurrency": [],
-          "provider_samples": []}
+          "provider_samples": [],
+          "memory": []}
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,18 @@ def test_report_renders_tables_from_the_records(out: Path):
                           check=True, cwd=ROOT, capture_output=True, text=True).stdout
     assert text.count("|---|") >= 4 and "full VAPO" in text and "float32" in text and "grpo" in text
     assert "two-sized" in text
+
+
+def test_memory_counts_shards_and_frozen_weights(out: Path):
+    """bench/memory.py: fp32 AdamW full fine-tuning holds 16 B per parameter on each ddp rank and half of that
+    on each of 2 fsdp ranks (same total); LoRA's frozen weights cost 4 B per parameter, its adapters 16."""
+    rec = json.loads((out / "memory.json").read_text())
+    assert all(run["ok"] for run in rec["runs"].values()), rec["runs"]
+    bpp = rec["bytes_per_param"]
+    for model in ("policy", "value"):
+        assert bpp["ddp"][model]["per_rank"] == pytest.approx(16, rel=1e-2)
+        assert bpp["fsdp"][model]["per_rank"] == pytest.approx(8, rel=1e-2)
+        assert bpp["fsdp"][model]["all_ranks"] == pytest.approx(16, rel=1e-2)
+        assert bpp["lora"][model]["frozen_per_frozen_param"] == pytest.approx(4)
+        assert bpp["lora"][model]["state_per_trained_param"] == pytest.approx(16, rel=1e-2)
+    assert {r["model"] for r in rec["extrapolation"]} == {"Qwen2.5-7B", "Qwen2.5-32B"}

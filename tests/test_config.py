@@ -97,6 +97,25 @@ def test_out_of_range_names_file_key_value_and_range(project, override, key, all
     assert value in i.message and allowed in i.message and allowed in i.fix and key in i.fix
 
 
+def test_memory_options_parse_and_show_in_config_check(project, clean_env, capsys):
+    c = load_config(project / "config.toml")
+    assert c.training.micro_batch_tokens is None and c.training.gradient_checkpointing is False
+    over = ["training.micro_batch_tokens=4096", "training.gradient_checkpointing=true"]
+    c = load_config(project / "config.toml", over)
+    assert c.training.micro_batch_tokens == 4096 and c.training.gradient_checkpointing is True
+    main(["config", "check", "--config", str(project / "config.toml"), "--settings",
+          str(project / "settings.json"), *(a for o in over for a in ("--set", o))])
+    assert "micro_batch_tokens=4096" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["0", "-4096"])
+def test_micro_batch_tokens_must_be_positive(project, bad):
+    """(The loader hides the value of any key named like *token*: the message names the key and the range.)"""
+    i = _issue(load_config, project / "config.toml", [f"training.micro_batch_tokens={bad}"])
+    assert i.key == "training.micro_batch_tokens" and "≥ 1" in i.message
+    assert "training.micro_batch_tokens" in i.fix and "≥ 1" in i.fix
+
+
 def test_out_of_range_in_file_names_the_file(project):
     p = project / "config.toml"
     p.write_text(p.read_text().replace("clip_range = 0.2", "clip_range = 1.2"))
@@ -234,3 +253,12 @@ def test_clip_range_high_is_only_checked_when_clip_higher_is_on():
     assert cfg.decisions.policy_loss == "ppo_clip"
     with pytest.raises(ConfigError, match="clip_range_high"):
         load_config(ROOT / "config.toml", ["vapo.clip_range_high=0.1"])
+
+
+def test_fsdp_is_accepted_and_its_combinations_are_checked():
+    cfg = load_config(ROOT / "config.toml", ['distributed.strategy="fsdp"', "distributed.cpu_offload=true"])
+    assert cfg.distributed.strategy == "fsdp" and cfg.distributed.cpu_offload
+    with pytest.raises(ConfigError, match="distributed.strategy.*lora"):
+        load_config(ROOT / "config.toml", ['distributed.strategy="fsdp"', "lora.enabled=true"])
+    with pytest.raises(ConfigError, match="distributed.cpu_offload"):
+        load_config(ROOT / "config.toml", ["distributed.cpu_offload=true"])

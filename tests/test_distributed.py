@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, write_workspace
-from tests.engine_helpers import make_run
+from tests.engine_helpers import make_run, random_value_dir
 from vapo_engine.metrics import read_metrics
 
 # greedy decoding makes the rollout independent of the per-rank sampling streams, so both worlds see the
@@ -29,13 +29,15 @@ def _torchrun(*args) -> list[str]:
 
 
 def test_two_processes_equal_one_process_step(tmp_path, model_dir):
-    one, two = make_run(tmp_path, model_dir, EXACT, "one"), make_run(tmp_path, model_dir, EXACT, "two")
+    value = [f'model.value_path="{random_value_dir(tmp_path, model_dir)}"']  # non-zero gradients to compare
+    one, two = make_run(tmp_path, model_dir, EXACT + value, "one"), make_run(tmp_path, model_dir, EXACT + value, "two")
     subprocess.run([sys.executable, str(ROOT / "tests/dist_step.py"), str(one), str(tmp_path / "one.pt")],
                    check=True, env=_env(), cwd=ROOT, timeout=300, capture_output=True)
     r = subprocess.run(_torchrun(str(ROOT / "tests/dist_step.py"), str(two), str(tmp_path / "two.pt")),
                        env=_env(), cwd=ROOT, timeout=300, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert a["grads"].abs().max() > 1e-4 and a["vgrads"].abs().max() > 1e-4
     assert torch.allclose(a["grads"], b["grads"], rtol=1e-4, atol=1e-7)
     assert torch.allclose(a["vgrads"], b["vgrads"], rtol=1e-4, atol=1e-7)
     for k in ("actor/pg_loss", "critic/value_loss", "actor/positive_nll", "rollout/reward_mean",

@@ -119,6 +119,15 @@ class TrainingConfig(Section):
     """Responses per optimizer step; unset = batch_size (one update per rollout). Must divide batch_size."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Responses per forward/backward (gradient accumulation); unset = mini_batch_size. Must divide it."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Token budget per forward/backward: rows × padded length (prompt width + the longest response among its
+    rows) of a micro-batch stays ≤ this, and rows ≤ micro_batch_size; rows are grouped by response length and
+    each micro-batch is cut to its own longest response, so long responses no longer set everyone's width. A
+    single row over the budget is a micro-batch of its own. Unset = split by micro_batch_size count only. The
+    gradient is the same either way (losses use the mini-batch's global counts)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (Hugging Face activation checkpointing on the models that
+    train): ~30% more compute for activation memory that no longer grows with layers × tokens."""
     ppo_epochs: int = Field(1, ge=1, le=100)
     """Passes over each rollout batch."""
     learning_rate: float = Field(1e-6, gt=0, le=1)
@@ -173,8 +182,14 @@ class DistributedConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; auto = nccl on CUDA, gloo on CPU."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """ddp: replicate weights, all-reduce gradients. fsdp (sharded parameters, FSDP2 fully_shard) is reserved
-    and refused for now: sharded generation needs lock-step decoding across ranks, not built yet."""
+    """ddp: every rank holds the full policy, value (and reference) model and optimizer states; gradients are
+    all-reduced. fsdp: FSDP2 `fully_shard` per transformer block — parameters, gradients and AdamW states are
+    split over the ranks (≈ 16 / world_size bytes per parameter per trained model instead of 16), generation
+    runs in lock-step across ranks, checkpoints are sharded (torch.distributed.checkpoint) plus a plain HF
+    export of the policy. On CUDA: bf16 parameters for compute, fp32 gradient reduction."""
+    cpu_offload: bool = False
+    """fsdp only: keep the parameter shards, gradients and optimizer states in CPU memory between uses
+    (FSDP2 CPUOffloadPolicy): less device memory, slower steps."""
 
     @property
     def world_size(self) -> int:
@@ -285,10 +300,13 @@ class TrainConfig(Section):
             raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
                                f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
         d = self.distributed
-        if d.strategy == "fsdp":
-            raise FieldProblem("distributed.strategy", "fsdp is not supported yet (sharded rollouts need "
-                               "lock-step generation across ranks)", "use strategy = \"ddp\" (each rank holds "
-                               "the full model; fits models up to roughly a third of one device's memory)")
+        if d.strategy == "fsdp" and self.lora.enabled:
+            raise FieldProblem("distributed.strategy", "fsdp with [lora] is not supported (the adapters are "
+                               "small; the frozen base would need sharding on its own)", "use strategy = "
+                               "\"ddp\" with lora.enabled = true, or fsdp with lora.enabled = false")
+        if d.cpu_offload and d.strategy != "fsdp":
+            raise FieldProblem("distributed.cpu_offload", "cpu_offload needs strategy = \"fsdp\" (it offloads "
+                               "parameter shards)", "set distributed.strategy = \"fsdp\" or cpu_offload = false")
         if d.node_rank >= d.nnodes:
             raise FieldProblem("distributed.node_rank", f"node_rank {d.node_rank} must be < nnodes {d.nnodes}",
                                f"use 0 … {d.nnodes - 1}")

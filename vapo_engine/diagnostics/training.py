@@ -271,9 +271,10 @@ def provider_down(ev: Evidence) -> str | None:
 
 _CRASH_FIX = {
     "oom": "Out of memory: lower training.micro_batch_size (now {micro}; gradient accumulation keeps the "
-           "batch the same) and/or model.max_tokens (now {max_tokens}); then resume_run('{run_id}') "
-           "continues from {ckpt} (or start_training again with the smaller values: a run's config is "
-           "frozen).",
+           "batch the same) and/or model.max_tokens (now {max_tokens}); for long responses also "
+           "training.gradient_checkpointing = true and a training.micro_batch_tokens budget (same gradient, "
+           "less activation memory); then resume_run('{run_id}') continues from {ckpt} (or start_training "
+           "again with the smaller values: a run's config is frozen).",
     "killed": "The worker got SIGKILL (usually the kernel's OOM killer: `dmesg | grep -i kill`): "
               "resume_run('{run_id}') continues from {ckpt}; if memory was the cause, lower "
               "training.micro_batch_size (now {micro}) or model.max_tokens (now {max_tokens}) first.",

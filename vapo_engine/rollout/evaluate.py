@@ -6,6 +6,9 @@ checkpoint.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from vapo_engine.metrics import accuracies
@@ -24,24 +27,52 @@ def scores(policy, tokenizer, task, problems, *, max_new_tokens: int, greedy: bo
     return [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], gen
 
 
+@dataclass(frozen=True)
+class Split:
+    """Evaluate across ranks in lock-step (a sharded model: every forward is a collective): rank `rank` of
+    `size` scores one equal slice and `sum` (an all-reduce SUM of a tensor) assembles the full result."""
+
+    rank: int
+    size: int
+    sum: Callable[[torch.Tensor], torch.Tensor]
+
+
 def evaluate(models, task, *, num_problems: int, samples_per_problem: int, max_new_tokens: int,
              temperature: float, top_p: float, seed: int, batch_size: int = 256,
-             prompt_format: PromptFormat | None = None) -> dict[str, float]:
+             prompt_format: PromptFormat | None = None, split: Split | None = None) -> dict[str, float]:
     """Held-out greedy accuracy and sampled avg@k (k = samples_per_problem) of `models.policy`, the prompts
-    encoded in `prompt_format` (None = plain)."""
+    encoded in `prompt_format` (None = plain); with `split`, this rank's slice (every rank gets the result)."""
     problems = task.heldout(num_problems)
     if not problems:
         return {}
     common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "prompt_format": prompt_format}
-    rewards, greedy = scores(models.policy, models.tokenizer, task, problems, **common)
+    rewards, lengths = _scored(models, task, problems, split, common)
     out = accuracies("greedy", task, problems, rewards)
-    out["eval/response_length"] = float(response_lengths(greedy.response_mask).float().mean())
+    out["eval/response_length"] = sum(lengths) / len(lengths)
     if samples_per_problem > 0 and temperature > 0:
         devices = [models.device] if models.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
+            torch.manual_seed(seed + (split.rank if split else 0))
             many = [p for p in problems for _ in range(samples_per_problem)]
-            rewards, _ = scores(models.policy, models.tokenizer, task, many, greedy=False,
-                                temperature=temperature, top_p=top_p, **common)
+            rewards, _ = _scored(models, task, many, split, common, greedy=False, temperature=temperature,
+                                 top_p=top_p)
         out |= accuracies("sampled", task, many, rewards)
     return out
+
+
+def _scored(models, task, problems, split: Split | None, common: dict, **how) -> tuple[list[float], list[float]]:
+    """(rewards, response lengths) of every problem; with `split`, this rank scores an equal slice (the list
+    padded with copies of the first problem so every rank runs the same batches) and the ranks' parts are summed."""
+    if split is None:
+        rewards, gen = scores(models.policy, models.tokenizer, task, problems, **common, **how)
+        return rewards, response_lengths(gen.response_mask).float().tolist()
+    n = len(problems)
+    per = -(-n // split.size)
+    padded = problems + [problems[0]] * (per * split.size - n)
+    lo = split.rank * per
+    rewards, gen = scores(models.policy, models.tokenizer, task, padded[lo:lo + per], **common, **how)
+    full = torch.zeros(2, per * split.size, dtype=torch.float64)
+    full[0, lo:lo + per] = torch.tensor(rewards, dtype=torch.float64)
+    full[1, lo:lo + per] = response_lengths(gen.response_mask).double().cpu()
+    full = split.sum(full).cpu()
+    return full[0, :n].tolist(), full[1, :n].tolist()

@@ -57,6 +57,34 @@ class Rollout:
                 out[f.name] = [v[i] for i in ids]
         return replace(self, **out)
 
+    def trimmed(self) -> Rollout:
+        """The same rows with the response part cut to the longest response among them (at least 1 column):
+        the sequence tensors to P + r columns, every per-token (N, R) tensor to r. Only right padding goes, so
+        each kept position sees exactly the tokens it saw before (causal attention): log-probs and values of
+        valid tokens do not change."""
+        width = self.response_mask.shape[1]
+        used = torch.nonzero(self.response_mask.ne(0).any(dim=0))  # columns any row still uses
+        r = max(int(used[-1]) + 1 if len(used) else 0, 1)
+        if r >= width:
+            return self
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, torch.Tensor) or v.dim() < 2:
+                continue
+            if f.name in SEQUENCE_FIELDS:
+                out[f.name] = v[:, :self.prompt_len + r]
+            elif v.shape[1] == width:
+                out[f.name] = v[:, :r]
+            else:
+                raise ValueError(f"Rollout.{f.name} has {v.shape[1]} columns, neither the sequence width "
+                                 f"{self.prompt_len + width} nor the response width {width}")
+        return replace(self, **out)
+
+
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")
+"""Rollout tensors over the whole sequence (N, P + R); every other 2-D tensor is per response token (N, R)."""
+
 
 def position_ids_from(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, as generation used them: cumsum(mask) − 1, clamped at 0. (B, L)."""

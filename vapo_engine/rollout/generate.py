@@ -118,9 +118,19 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
+def _lock_step(model) -> bool:
+    """Whether decoding must run in lock-step across ranks: a sharded (FSDP2) model's every forward is a
+    collective, so a rank whose responses all ended keeps stepping on padding until every rank is done."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule) and torch.distributed.get_world_size() > 1
+
+
 def _generate_chunk(model, tokenizer, prompts, config, pad, eos, fmt):
     prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device, fmt)
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
+                         synced_gpus=_lock_step(model))
     new_tokens = out[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, eos, pad)
     return prompt_ids, prompt_mask, ids, mask, finished

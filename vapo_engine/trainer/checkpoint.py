@@ -39,11 +39,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def save_checkpoint(run_dir: Path, step: int, models, trainer_state: dict, keep: int = 2) -> Path:
-    rd = RunDir(run_dir)
-    rd.checkpoints.mkdir(parents=True, exist_ok=True)
-    final = rd.checkpoint(step)
-    tmp = rd.checkpoints / f".tmp-step-{step:07d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    """Rank 0 alone (every rank holds the full weights): write, verify-manifest and publish the checkpoint."""
+    tmp = new_tmp(run_dir, step, f"{os.getpid()}")
     save_plain(models.policy, tmp / "policy")
     models.tokenizer.save_pretrained(tmp / "policy")
     if is_adapted(models.policy):
@@ -52,6 +49,24 @@ def save_checkpoint(run_dir: Path, step: int, models, trainer_state: dict, keep:
         save_adapter(models.value, tmp / VALUE_ADAPTER)
     elif models.value is not None:
         models.value.save_pretrained(tmp / "value", safe_serialization=True)
+    return publish(run_dir, tmp, step, trainer_state, keep)
+
+
+def new_tmp(run_dir: Path, step: int, tag: str) -> Path:
+    """An empty temporary folder beside the checkpoints for writing step `step`."""
+    rd = RunDir(run_dir)
+    rd.checkpoints.mkdir(parents=True, exist_ok=True)
+    tmp = rd.checkpoints / f".tmp-step-{step:07d}-{tag}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(run_dir: Path, tmp: Path, step: int, trainer_state: dict, keep: int) -> Path:
+    """Trainer state and the DONE manifest into `tmp` (written last), rename it into place, keep the newest
+    `keep` complete checkpoints."""
+    rd = RunDir(run_dir)
+    final = rd.checkpoint(step)
     save_state(trainer_state, tmp)
     write_manifest(tmp, step)
     if final.exists():

@@ -20,6 +20,7 @@ import statistics
 from vapo_engine.algo import ev_from_stats, ev_stats
 
 from .advantages import monte_carlo_returns
+from .fsdp import export_hf, is_sharded
 from .lora import save_plain
 from .update import update_step
 
@@ -68,7 +69,8 @@ def value_pretrain_round(tr, collect, minibatches) -> dict[str, float]:
     for _ in range(tr.cfg.vapo.value_pretrain_epochs):
         for idx in minibatches(ro.size, mini_size):
             m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro.rows(idx), None, tr.spec,
-                            train_actor=False, reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
+                            train_actor=False, reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients,
+                            reduce_max=tr.world.max_int)
             tr.sched_critic.step()
             losses.append(m["critic/value_loss"])
     tr.pretrain_step += 1
@@ -111,7 +113,12 @@ def pretraining_done(tr) -> bool:
 
 
 def save_value_model(tr, out) -> None:
-    """The trained value model as a plain HF directory (usable as `model.value_path`; LoRA adapters merged)."""
-    save_plain(tr.models.value, out)
-    tr.models.tokenizer.save_pretrained(out)
+    """The trained value model as a plain HF directory (usable as `model.value_path`; LoRA adapters merged),
+    written by rank 0; under fsdp every rank must call it (the shards are gathered)."""
+    if is_sharded(tr.models.value):
+        export_hf(tr.models.value, out, tr.world.is_main)
+    elif tr.world.is_main:
+        save_plain(tr.models.value, out)
+    if tr.world.is_main:
+        tr.models.tokenizer.save_pretrained(out)
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .fsdp import is_sharded
+
 
 @dataclass(frozen=True)
 class World:
@@ -46,6 +48,14 @@ class World:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.to(t.dtype)
 
+    def max_int(self, n: int) -> int:
+        """The largest `n` over all ranks (e.g. a count of forward passes every rank must run in lock-step)."""
+        if not self.enabled:
+            return n
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
+
     def reduce_metrics(self, metrics: dict[str, float], how: str = "mean") -> dict[str, float]:
         """Combine each metric over ranks: "mean" (per-rank means of equal-sized shares) or "sum" (values
         already divided by a global count, e.g. a token-mean loss share); `*_max` names take the maximum.
@@ -67,7 +77,7 @@ class World:
 
     def sync_gradients(self, model: torch.nn.Module) -> None:
         """SUM the gradients of all ranks (one flat all-reduce)."""
-        if not self.enabled:
+        if not self.enabled or is_sharded(model):  # FSDP2 reduce-scatters (SUM) in the backward itself
             return
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads:
@@ -126,6 +136,8 @@ def init_world(backend: str = "auto", device_pref: str = "auto") -> World:
     cuda = torch.cuda.is_available() and device_pref != "cpu"
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"
+    if backend == "nccl":  # the small CPU-side collectives here (metrics, JSON, counts) need gloo beside nccl
+        backend = "cpu:gloo,cuda:nccl"
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():

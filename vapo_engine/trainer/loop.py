@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vapo_engine.algo import masked_mean
-from vapo_engine.rollout.evaluate import evaluate
+from vapo_engine.rollout.evaluate import Split, evaluate
 from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
@@ -35,8 +34,10 @@ from .critic import (
     value_pretrain_round,
 )
 from .distributed import shutdown
+from .fsdp import is_sharded
 from .replay import replay_count
 from .setup import Trainer, build_trainer
+from .sharded_checkpoint import save_sharded
 from .update import update_step
 
 
@@ -82,7 +83,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     t0 = time.perf_counter()
     ro = _collect(tr, ask_provider=True)
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.world.sum)
-    metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size))
+    metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size, tr.world))
     if ro.values is not None:
         metrics |= mc_explained_var(ro, tr.world)
         metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.response_mask, tr.world)
@@ -140,7 +141,8 @@ def _one_update(tr: Trainer, mini) -> dict[str, float]:
         pairs = tr.replay.sample(n, tr.replay_rng)
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device) if pairs else None
     m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic,
-                    reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients)
+                    reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients,
+                    reduce_max=tr.world.max_int)
     tr.sched_actor.step()
     if tr.sched_critic is not None:
         tr.sched_critic.step()
@@ -155,7 +157,9 @@ def _minibatches(n: int, size: int) -> list[torch.Tensor]:
     return [perm[s:s + size] for s in range(0, n, size)]
 
 
-def _rollout_metrics(ro, group_size: int) -> dict[str, float]:
+def _rollout_metrics(ro, group_size: int, world) -> dict[str, float]:
+    """Per-sample numbers are means of equal-sized rank shares (averaged over ranks later); the token means
+    (entropy, value and return means) are global here, because ranks hold different numbers of tokens."""
     lengths = ro.lengths.float()
     groups = ro.scores.view(-1, group_size)
     out = {"rollout/reward_mean": float(ro.scores.mean()), "rollout/accuracy": float(ro.correct.float().mean()),
@@ -163,22 +167,31 @@ def _rollout_metrics(ro, group_size: int) -> dict[str, float]:
            "rollout/truncated_frac": float((ro.response_mask[:, -1] > 0).float().mean()),
            "rollout/no_signal_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
            "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
-           "actor/entropy": float(masked_mean(ro.entropy, ro.response_mask))}
+           "actor/entropy": _token_mean(ro.entropy, ro.response_mask, world)}
     if ro.values is not None and ro.returns is not None:
-        out["critic/value_mean"] = float(masked_mean(ro.values, ro.response_mask))
-        out["critic/return_mean"] = float(masked_mean(ro.returns, ro.response_mask))
+        out["critic/value_mean"] = _token_mean(ro.values, ro.response_mask, world)
+        out["critic/return_mean"] = _token_mean(ro.returns, ro.response_mask, world)
     return out
 
 
+def _token_mean(x: torch.Tensor, mask: torch.Tensor, world) -> float:
+    """Mean of `x` over the valid tokens of every rank."""
+    s = world.sum(torch.stack([(x * mask).sum(), mask.sum()]).double())
+    return float(s[0] / s[1].clamp(min=1))
+
+
 def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
-    """Rank 0 evaluates (the others wait); every rank keeps the result in its history."""
+    """Rank 0 evaluates (the others wait; under fsdp every rank takes a slice); every rank keeps the result."""
     c = tr.cfg
-    m = {}
-    if tr.world.is_main:
+    m, w = {}, tr.world
+    sharded = is_sharded(tr.models.policy)  # every forward is a collective: all ranks evaluate, a slice each
+    if w.is_main or sharded:
         m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
                      samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
                      temperature=c.model.temperature, top_p=c.model.top_p,
-                     seed=tr.info.seed + 7919 * tr.step, prompt_format=tr.eval_prompts)
+                     seed=tr.info.seed + 7919 * tr.step, prompt_format=tr.eval_prompts,
+                     split=Split(w.rank, w.world_size, w.sum) if sharded else None)
+    if w.is_main:
         on_record(tr.logger.log(tr.step, "eval", m))
     m = tr.world.broadcast_json(m)
     tr.history["last_eval"] = m
@@ -194,7 +207,11 @@ def _on_intervals(tr: Trainer, before: int, on_record) -> None:
 
 
 def _save(tr: Trainer) -> None:
-    """Rank 0 writes the checkpoint (full weights: every rank holds them under ddp); the others wait."""
+    """ddp / one process: rank 0 writes the checkpoint (every rank holds the full weights), the others wait.
+    fsdp: every rank writes its shards (sharded_checkpoint)."""
+    if is_sharded(tr.models.policy):
+        save_sharded(tr.info.run_dir, tr.step, tr.models, tr.opt_actor, tr.opt_critic, tr.state_dict(), tr.world)
+        return
     if tr.world.is_main:
         save_checkpoint(tr.info.run_dir, tr.step, tr.models, tr.state_dict())
     tr.world.barrier()
@@ -216,8 +233,8 @@ def _value_only(tr: Trainer, run_dir: Path, on_record, should_stop, t0: float, l
                "value_path": str(out), "best_heldout_explained_var": max(evs) if evs else None,
                "last_heldout_explained_var": evs[-1] if evs else None,
                "stopped_early_at": tr.history.get("pretrain_stopped_at"), "seconds": round(time.time() - t0, 1)}
+    save_value_model(tr, out)  # collective under fsdp (gathers the shards); rank 0 writes
     if tr.world.is_main:
-        save_value_model(tr, out)
         RunDir(run_dir).write_json(SUMMARY_JSON, summary)
         log(f"value model saved to {out}; start runs from it with --set model.value_path=\"{out}\"")
     return summary

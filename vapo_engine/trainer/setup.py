@@ -26,11 +26,14 @@ from vapo_engine.tasks import get_task
 
 from .checkpoint import load_newest, restore_rng
 from .distributed import World, init_world
+from .fsdp import is_sharded, load_full_optimizer_state, shard_models
 from .logger import MetricsLogger, NullLogger
 from .lora import attach_adapters, describe, trainable
+from .memory import apply_memory_options
 from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
 from .provider_samples import NullProviderSamples, provider_samples
 from .replay import ReplayBuffer
+from .sharded_checkpoint import SHARDED, load_sharded
 from .update import UpdateSpec
 
 
@@ -81,7 +84,8 @@ def update_spec(cfg: TrainConfig, world: World | None = None) -> UpdateSpec:
     return UpdateSpec(policy_loss=d.policy_loss, clip_low=d.clip_low, clip_high=d.clip_high,
                       dual_clip=v.dual_clip or None, reduction=d.loss_reduction, positive_lm_coef=d.positive_lm_coef,
                       kl_coef=t.kl_coef, value_clip=v.value_clip_range or None, max_grad_norm=t.max_grad_norm,
-                      micro_batch=min(cfg.micro_batch_size, cfg.mini_batch_size // (world or World()).world_size))
+                      micro_batch=min(cfg.micro_batch_size, cfg.mini_batch_size // (world or World()).world_size),
+                      micro_batch_tokens=t.micro_batch_tokens, gradient_checkpointing=t.gradient_checkpointing)
 
 
 def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
@@ -102,7 +106,7 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, world), world, tasks))
     tr = None
     if resume and RunDir(run_dir).checkpoint_dirs():
-        ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st), log=log)
+        ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st, c), log=log)
         log(f"resumed from {ckpt.name} (policy step {tr.step})")
     tr = tr or make(None)
     if cfg.lora.enabled and world.is_main:
@@ -142,9 +146,15 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
     lora, kl = cfg.lora.enabled, cfg.training.kl_coef > 0
     value_adapted = lora and cfg.lora.value_lora
     value_src = (ckpt / "value") if ckpt and not value_adapted else (cfg.model.value_path or base)
+    sharded = cfg.distributed.strategy == "fsdp" and world.enabled
     models = load_models(ckpt / "policy" if ckpt and not lora else base, value_path=value_src,
                          need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
-                         device=device, autocast_dtype=pick_autocast(cfg.model.dtype, device))
+                         device=torch.device("cpu") if sharded else device,
+                         autocast_dtype=pick_autocast(cfg.model.dtype, device))
+    apply_memory_options(models, cfg)  # before sharding / adapters: checkpointing on the HF decoder layers
+    if sharded:  # every rank loaded the same files (a fresh value head is zero): shard, shards go to `device`
+        models.device = device
+        return shard_models(models, world, cfg.distributed.cpu_offload)
     if lora:
         models = attach_adapters(models, cfg.lora, ckpt=ckpt, kl=kl)
     for m in (models.policy, models.value):
@@ -163,12 +173,11 @@ def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World, tas
                    NullLogger(), update_spec(cfg, world), world, random.Random(info.seed + 7 + world.rank))
 
 
-def _restore(tr: Trainer, st: dict) -> Trainer:
+def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
     tr.step, tr.pretrain_step, tr.rollout_step = st["step"], st["pretrain_step"], st["rollout_step"]
-    tr.opt_actor.load_state_dict(st["opt_actor"])
+    _restore_optimizers(tr, st, ckpt)
     tr.sched_actor.load_state_dict(st["sched_actor"])
-    if tr.opt_critic is not None and st.get("opt_critic"):
-        tr.opt_critic.load_state_dict(st["opt_critic"])
+    if tr.opt_critic is not None and st.get("sched_critic"):
         tr.sched_critic.load_state_dict(st["sched_critic"])
     tr.replay.load_state_dict(st["replay"])
     tr.history = st.get("history", {})
@@ -179,3 +188,21 @@ def _restore(tr: Trainer, st: dict) -> Trainer:
         torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)
         tr.replay_rng.seed(tr.info.seed + 7 + tr.world.rank + 7919 * tr.step)
     return tr
+
+
+def _restore_optimizers(tr: Trainer, st: dict, ckpt: Path) -> None:
+    """AdamW states from the DCP shards (an fsdp checkpoint, into any world size), or from the trainer state
+    (a ddp / one-process checkpoint; into sharded models through their full-state-dict form)."""
+    pairs = [(tr.models.policy, tr.opt_actor, st.get("opt_actor"))]
+    if tr.opt_critic is not None:
+        pairs.append((tr.models.value, tr.opt_critic, st.get("opt_critic")))
+    if st.get("optimizers") == SHARDED:
+        load_sharded(ckpt, tr.models, tr.opt_actor, tr.opt_critic)
+        return
+    for model, opt, saved in pairs:
+        if saved is None:
+            continue
+        if is_sharded(model):
+            load_full_optimizer_state(model, opt, saved)
+        else:
+            opt.load_state_dict(saved)

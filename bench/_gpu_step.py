@@ -1,0 +1,164 @@
+"""Child process of `bench/gpu_check.py`: one engine job of a prepared run directory in a process of its own,
+so that a crash, an out-of-memory error or a poisoned CUDA context stays inside one check, and the peak memory
+it reports is that job's own.
+
+    python bench/_gpu_step.py env   -       OUT.json   # versions, devices, bf16 support, nccl, a bf16 matmul
+    python bench/_gpu_step.py value MODEL   OUT_DIR    # MODEL's value model with a random head ("-": built-in)
+    python bench/_gpu_step.py train RUN_DIR OUT.json   # the run's `vapo-mcp train` (engine's train(), in-process)
+    python bench/_gpu_step.py step  RUN_DIR OUT.pt     # one rollout step, rank 0's metrics and synced gradients
+    python bench/_gpu_step.py bf16  RUN_DIR OUT.json   # one rollout step + old log-probs under autocast vs fp32
+
+`step` is tests/dist_step.py (plain process or under torchrun, ddp or fsdp as the run's config says) plus, per
+rank, `OUT.rank<r>.json` with that rank's peak memory; the gradients are saved on the CPU. Every mode writes its
+peak memory: `torch.cuda.max_memory_allocated` when the job used CUDA, else the process's peak RSS (ru_maxrss).
+Checks nothing itself: gpu_check compares and judges.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch
+
+
+def peak_memory() -> dict:
+    """This process's peak memory in MiB: CUDA allocated (and reserved) when CUDA was used, else peak RSS."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        dev = torch.cuda.current_device()
+        return {"kind": "cuda", "device": dev, "peak_mib": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1),
+                "reserved_mib": round(torch.cuda.max_memory_reserved(dev) / 2**20, 1)}
+    return {"kind": "rss", "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=1, default=float) + "\n", encoding="utf-8")
+
+
+def _floats(metrics: dict) -> dict:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def env_mode(_: str, out: Path) -> None:
+    """Versions and devices, probed here rather than in gpu_check, so that its own process never holds a CUDA
+    context (a GPU in exclusive-process mode would refuse every later child)."""
+    import platform
+
+    import torch.distributed as dist
+    import transformers
+    info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+            "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0, "devices": [],
+            "bf16_supported": None, "nccl_available": dist.is_nccl_available(), "nccl_version": None,
+            "bf16_matmul_ok": None}
+    if info["cuda_available"]:
+        for i in range(info["device_count"]):
+            p = torch.cuda.get_device_properties(i)
+            info["devices"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                                    "capability": f"{p.major}.{p.minor}"})
+        info["bf16_supported"] = torch.cuda.is_bf16_supported()
+        if info["nccl_available"]:
+            v = torch.cuda.nccl.version()
+            info["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+        info["bf16_matmul_ok"] = bool(torch.isfinite((a @ a).float()).all())
+        torch.cuda.synchronize()
+    _write_json(out, info)
+
+
+def value_mode(model: str, out: Path) -> None:
+    """A value-model directory whose scalar head is random (N(0, 0.1), seed 0) instead of the engine's zero
+    start, so a parity step has gradients even when every reward of its batch is equal (no learning signal:
+    all-zero gradients would compare equal and prove nothing): V(s) ≠ 0 gives non-zero critic targets' errors
+    and GAE advantages."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from vapo_engine.trainer.models import resolve_model_path
+    path = resolve_model_path(None if model == "-" else model)
+    cfg = AutoConfig.from_pretrained(path, num_labels=1)
+    cfg.classifier_dropout = 0.0
+    value = AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in (getattr(value, "score", None) or value.classifier).parameters():
+            p.normal_(0.0, 0.1)
+    value.save_pretrained(out)
+
+
+def train_mode(run_dir: str, out: Path) -> None:
+    from vapo_engine.trainer.loop import train
+    t0 = time.perf_counter()
+    summary = train(run_dir, log=lambda m: print(m, flush=True))
+    _write_json(out, {"summary": summary, "wall_s": round(time.perf_counter() - t0, 2), "memory": peak_memory()})
+
+
+def _flat_grads(model) -> torch.Tensor:
+    """Every gradient, flattened, on the CPU; sharded (fsdp) gradients gathered first (a collective)."""
+    gs = [p.grad for p in model.parameters() if p.grad is not None]
+    if not gs:
+        return torch.zeros(0)
+    return torch.cat([(g.full_tensor() if hasattr(g, "full_tensor") else g).reshape(-1).float().cpu() for g in gs])
+
+
+def step_mode(run_dir: str, out: Path) -> None:
+    from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.loop import rollout_step
+    from vapo_engine.trainer.setup import build_trainer
+    tr = build_trainer(run_dir, write=False, log=lambda m: None)
+    t0 = time.perf_counter()
+    metrics = rollout_step(tr)
+    step_s = time.perf_counter() - t0
+    grads = _flat_grads(tr.models.policy)
+    vgrads = _flat_grads(tr.models.value) if tr.models.value is not None else torch.zeros(0)
+    if tr.world.is_main:
+        torch.save({"metrics": _floats(metrics), "grads": grads, "vgrads": vgrads}, out)
+    _write_json(Path(f"{out}.rank{tr.world.rank}.json"), {"rank": tr.world.rank, "world": tr.world.world_size,
+                                                          "step_s": round(step_s, 3), "memory": peak_memory()})
+    tr.world.barrier()
+    shutdown(tr.world)
+
+
+def bf16_mode(run_dir: str, out: Path) -> None:
+    """One rollout step with the run's autocast dtype; while its old log-probs are attached, the same rows'
+    log-probs are also computed without autocast (fp32 weights) and the two are compared on response tokens."""
+    from vapo_engine.rollout.experience import response_log_probs
+    from vapo_engine.trainer import loop
+    from vapo_engine.trainer.setup import build_trainer
+    tr = build_trainer(run_dir, write=False, log=lambda m: None)
+    original, diffs = loop.attach_old_outputs, []
+
+    def attach(models, ro, micro):
+        ro = original(models, ro, micro)
+        with torch.no_grad():
+            fp32 = torch.cat([response_log_probs(models.policy, ro.rows(slice(s, s + micro)))[0]
+                              for s in range(0, ro.size, micro)])
+        d = (ro.old_log_probs.float() - fp32).abs()[ro.response_mask > 0]
+        diffs.append((float(d.mean()), float(d.max()), int(d.numel())))
+        return ro
+
+    loop.attach_old_outputs = attach
+    try:
+        t0 = time.perf_counter()
+        metrics = _floats(loop.rollout_step(tr))
+        step_s = time.perf_counter() - t0
+    finally:
+        loop.attach_old_outputs = original
+    n = sum(t for _, _, t in diffs)
+    _write_json(out, {"autocast": str(tr.models.autocast_dtype), "device": str(tr.models.device),
+                      "step_s": round(step_s, 3), "metrics": metrics,
+                      "logprob_abs_diff_mean": sum(m * t for m, _, t in diffs) / max(n, 1),
+                      "logprob_abs_diff_max": max((x for _, x, _ in diffs), default=0.0), "tokens": n,
+                      "memory": peak_memory()})
+
+
+MODES = {"env": env_mode, "value": value_mode, "train": train_mode, "step": step_mode, "bf16": bf16_mode}
+
+if __name__ == "__main__":
+    mode, run, dest = sys.argv[1:4]
+    MODES[mode](run, Path(dest))

@@ -1,0 +1,157 @@
+"""FSDP2 on CPU (gloo, 2 processes): the sharded step equals the DDP and the one-process step, sharded
+checkpoints resume on one process (exactly: the resumed step equals the uninterrupted run's), a ddp checkpoint
+resumes sharded, and lock-step generation with ranks that finish at different lengths does not hang."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.engine_helpers import make_run, random_value_dir
+from tests.test_distributed import EXACT, _env, _torchrun
+from vapo_engine.metrics import read_metrics
+
+FSDP = ['distributed.strategy="fsdp"']
+STEP_METRICS = ("actor/pg_loss", "critic/value_loss", "rollout/reward_mean", "rollout/response_length",
+                "vapo/advantage_std", "actor/grad_norm", "critic/grad_norm", "actor/entropy", "actor/pg_clipfrac")
+
+
+def _run(cmd: list[str], timeout: int = 300) -> str:
+    r = subprocess.run(cmd, env=_env(), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+    return r.stdout
+
+
+def _step(tmp_path, model_dir, extra, name, procs) -> dict:
+    value = random_value_dir(tmp_path, model_dir)  # non-zero values: every gradient below is non-zero
+    run = make_run(tmp_path, model_dir, EXACT + extra + [f'model.value_path="{value}"'], name)
+    out = tmp_path / f"{name}.pt"
+    script = [str(ROOT / "tests/dist_step.py"), str(run), str(out)]
+    _run(_torchrun(*script) if procs == 2 else [sys.executable, *script])
+    return torch.load(out)
+
+
+def test_fsdp_step_equals_ddp_and_one_process(tmp_path, model_dir):
+    one = _step(tmp_path, model_dir, [], "one", 1)
+    ddp = _step(tmp_path, model_dir, [], "ddp", 2)
+    fsdp = _step(tmp_path, model_dir, FSDP, "fsdp", 2)
+    for r in (one, ddp, fsdp):
+        assert r["grads"].abs().max() > 1e-4 and r["vgrads"].abs().max() > 1e-4
+    for other in (one, ddp):
+        assert torch.allclose(fsdp["grads"], other["grads"], rtol=1e-4, atol=1e-7)
+        assert torch.allclose(fsdp["vgrads"], other["vgrads"], rtol=1e-4, atol=1e-7)
+        for k in STEP_METRICS + ("actor/positive_nll", "vapo/lambda_policy_mean"):
+            assert fsdp["metrics"][k] == pytest.approx(other["metrics"][k], rel=1e-4, abs=1e-6), k
+
+
+def _train(run, procs: int, resume: bool = False) -> str:
+    args = ["-m", "vapo_engine.trainer", str(run), *(["--resume"] if resume else [])]
+    return _run(_torchrun(*args) if procs == 2 else [sys.executable, *args])
+
+
+def _set_steps(run, steps: int, **distributed) -> None:
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["training"]["total_steps"] = steps
+    cfg["distributed"].update(distributed)
+    (run / "config.json").write_text(json.dumps(cfg))
+
+
+def _train_record(run, step: int) -> dict:
+    return next(r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train" and r["step"] == step)
+
+
+def test_sharded_checkpoint_resumes_on_one_process_exactly(tmp_path, model_dir):
+    value = f'model.value_path="{random_value_dir(tmp_path, model_dir)}"'
+    straight = make_run(tmp_path, model_dir, EXACT + FSDP + ["training.total_steps=3", value], "straight")
+    _train(straight, 2)
+    split = make_run(tmp_path, model_dir, EXACT + FSDP + ["training.total_steps=2", value], "split")
+    _train(split, 2)
+    ckpt = split / "checkpoints" / "step-0000002"
+    assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / "policy" / "model.safetensors").is_file()
+    from transformers import AutoModelForCausalLM
+    cfg = json.loads((ckpt / "policy" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"]  # a plain HF export, not the FSDP wrapper class
+    AutoModelForCausalLM.from_pretrained(ckpt / "policy")
+    _set_steps(split, 3, nproc_per_node=1)
+    out = _train(split, 1, resume=True)
+    assert "resumed from step-0000002" in out
+    a, b = _train_record(straight, 3), _train_record(split, 3)
+    assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
+    for k in STEP_METRICS:
+        assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+
+
+def test_ddp_checkpoint_resumes_sharded(tmp_path, model_dir):
+    value = f'model.value_path="{random_value_dir(tmp_path, model_dir)}"'
+    straight = make_run(tmp_path, model_dir, EXACT + ["training.total_steps=3", value], "ddp3")
+    _train(straight, 2)
+    split = make_run(tmp_path, model_dir, EXACT + ["training.total_steps=2", value], "ddp2")
+    _train(split, 2)
+    _set_steps(split, 3, strategy="fsdp")
+    assert "resumed from step-0000002" in _train(split, 2, resume=True)
+    a, b = _train_record(straight, 3), _train_record(split, 3)
+    assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
+    for k in STEP_METRICS:
+        assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+
+
+def test_lock_step_generation_with_ranks_ending_at_different_lengths(tmp_path, model_dir):
+    _run(_torchrun(str(ROOT / "tests/fsdp_lockstep.py"), str(model_dir), str(tmp_path)), timeout=120)
+    ranks = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    assert ranks[0]["lock_step"] and ranks[1]["lock_step"]
+    assert ranks[0]["lengths"] == [1, 1]  # rank 0 finished after its first token …
+    assert max(ranks[1]["lengths"]) > 1   # … while rank 1 kept decoding; neither hung
+
+
+def test_cli_fsdp_run_with_sampling_and_replay_finishes(tmp_path, model_dir):
+    """The whole recipe sharded through the CLI (the loopback launcher): sampled rollouts whose lengths differ
+    by rank, positive replay on only some ranks, value pretraining, evaluation in slices, a sharded checkpoint."""
+    from tests.conftest import write_workspace
+    write_workspace(tmp_path)
+    cli = [sys.executable, "-m", "server.cli", "train", "--config", str(ROOT / "config.toml"), "--settings",
+           str(tmp_path / "settings.json"), "--preset", "cpu-demo", "--json",
+           "--set", f'model.local_path="{model_dir}"', "--set", "distributed.nproc_per_node=2",
+           "--set", 'distributed.strategy="fsdp"']
+    fast = ["training.total_steps=3", "training.batch_size=8", "vapo.group_size=2", "model.max_tokens=12",
+            "vapo.value_pretrain_steps=1", "eval.num_problems=5", "eval.samples_per_problem=2",
+            "training.mini_batch_size=4", "eval.save_interval=3", "eval.eval_interval=2", "training.kl_coef=0.01"]
+    r = subprocess.run(cli + [x for o in fast for x in ("--set", o)], env=_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
+    run_dir = next((tmp_path / "logs").glob("*/*/"))
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    assert [x["step"] for x in recs if x["kind"] == "train"] == [2, 3]  # two updates per rollout, capped at 3
+    evals = [x for x in recs if x["kind"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 2, 3] and all("eval/greedy_accuracy" in x for x in evals)
+    assert (run_dir / "checkpoints" / "step-0000003" / "sharded" / ".metadata").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
+
+
+def test_planted_pickle_in_sharded_metadata_is_never_executed(tmp_path, model_dir):
+    """DCP's own reader would `pickle.load` the shards' .metadata; ours admits only DCP's metadata classes, so a
+    planted pickle (with the manifest re-signed, as an attacker with write access would) is refused, never run."""
+    import os
+
+    from tests.test_checkpoint_integrity import _Planted
+    from vapo_engine.rundir import RunDir, write_manifest
+    from vapo_engine.trainer.setup import build_trainer
+    from vapo_engine.trainer.sharded_checkpoint import save_sharded
+    run = make_run(tmp_path, model_dir, FSDP, "planted")
+    tr = build_trainer(run, write=False, log=lambda m: None)  # one process: plain models, DCP without a group
+    ckpt = save_sharded(run, 2, tr.models, tr.opt_actor, tr.opt_critic, tr.state_dict(), tr.world)
+    marker = tmp_path / "pwned"
+    with open(ckpt / "sharded" / ".metadata", "wb") as f:
+        import pickle
+        pickle.dump(_Planted(marker), f)
+    write_manifest(ckpt, 2)
+    r = subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run), "--resume"], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert not marker.exists(), "unpickling the planted DCP metadata ran code"
+    assert r.returncode == 2 and "step-0000002 (cannot be loaded: ShardedLoadError" in r.stderr, r.stderr[-2000:]
+    assert "posix.system is not allowed in checkpoint metadata" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert RunDir(run).checkpoint(2).is_dir()
