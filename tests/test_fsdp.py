@@ -155,3 +155,11 @@ def test_planted_pickle_in_sharded_metadata_is_never_executed(tmp_path, model_di
     assert "posix.system is not allowed in checkpoint metadata" in r.stderr
     assert "Traceback" not in r.stderr
     assert RunDir(run).checkpoint(2).is_dir()
+
+
+def test_cpu_offload_on_cpu_is_refused_with_the_fix(tmp_path, model_dir):
+    run = make_run(tmp_path, model_dir, EXACT + FSDP + ["distributed.cpu_offload=true"], "offload")
+    r = subprocess.run(_torchrun("-m", "vapo_engine.trainer", str(run)), env=_env(), cwd=ROOT, timeout=300,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "distributed.cpu_offload = true needs CUDA" in r.stderr and "set distributed.cpu_offload = false" in r.stderr

@@ -188,8 +188,8 @@ class DistributedConfig(Section):
     runs in lock-step across ranks, checkpoints are sharded (torch.distributed.checkpoint) plus a plain HF
     export of the policy. On CUDA: bf16 parameters for compute, fp32 gradient reduction."""
     cpu_offload: bool = False
-    """fsdp only: keep the parameter shards, gradients and optimizer states in CPU memory between uses
-    (FSDP2 CPUOffloadPolicy): less device memory, slower steps."""
+    """fsdp on CUDA only: keep the parameter shards, gradients and optimizer states in host memory between uses
+    (FSDP2 CPUOffloadPolicy): less GPU memory, slower steps."""
 
     @property
     def world_size(self) -> int:

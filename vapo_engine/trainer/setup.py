@@ -30,7 +30,7 @@ from .fsdp import is_sharded, load_full_optimizer_state, shard_models
 from .logger import MetricsLogger, NullLogger
 from .lora import attach_adapters, describe, trainable
 from .memory import apply_memory_options
-from .models import Models, load_models, pick_autocast, pick_device, resolve_model_path
+from .models import ModelLoadError, Models, load_models, pick_autocast, pick_device, resolve_model_path
 from .provider_samples import NullProviderSamples, provider_samples
 from .replay import ReplayBuffer
 from .sharded_checkpoint import SHARDED, load_sharded
@@ -147,6 +147,10 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
     value_adapted = lora and cfg.lora.value_lora
     value_src = (ckpt / "value") if ckpt and not value_adapted else (cfg.model.value_path or base)
     sharded = cfg.distributed.strategy == "fsdp" and world.enabled
+    if sharded and cfg.distributed.cpu_offload and device.type != "cuda":
+        raise ModelLoadError("distributed.cpu_offload = true needs CUDA devices (FSDP2 offloads shards from the "
+                             f"accelerator to host memory; this run is on {device.type}, where the shards "
+                             "already live in host memory): set distributed.cpu_offload = false")
     models = load_models(ckpt / "policy" if ckpt and not lora else base, value_path=value_src,
                          need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
                          device=torch.device("cpu") if sharded else device,
