@@ -24,6 +24,22 @@ if str(REPO) not in sys.path:
 PRESET = "cpu-demo"
 
 
+class ParityReward:
+    """A task whose reward is the parity of the response's length plus the answer's: a signal even an untrained
+    tiny model's answers get (correct = odd), so a step has non-zero policy and value gradients (a constant zero
+    reward with a zero-initialised value head gives zero gradients); the rest is the wrapped task's. Used by
+    bench/memory.py and tests/lora_dist_step.py."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def reward(self, response: str, answer: str) -> float:
+        return float((len(response) + len(answer)) % 2)
+
+
 def machine_info() -> dict:
     """CPU model (from /proc/cpuinfo), core counts, torch / transformers / python versions."""
     import torch

@@ -6,7 +6,7 @@ directory per strategy (config.toml + cpu-demo + the bench's overrides), and for
 steps (sample → values → GAE → one AdamW step of policy and critic each; no value pretraining; the first step
 allocates the AdamW states, the second is the steady state) under
 `python -m torch.distributed.run --standalone --nproc_per_node=2`. The reward is the parity of the lengths
-(`ParityReward`), so the untrained model gets non-zero gradients. Strategies:
+(`common.ParityReward`), so the untrained model gets non-zero gradients. Strategies:
   ddp   full fine-tuning, replicated models, gradients SUM-all-reduced (distributed.strategy = "ddp")
   fsdp  full fine-tuning, FSDP2 `fully_shard` per block (distributed.strategy = "fsdp")
   lora  peft adapters on policy and value trunk (+ the value head), ddp strategy (lora.enabled = true)
@@ -110,21 +110,6 @@ def count_tensors(model, opt) -> dict:
             "optimizer_bytes": sum(_nbytes(v) for v in states)}
 
 
-class ParityReward:
-    """The task with reward = parity of len(response) + len(answer) (as tests/lora_dist_step.py): an untrained model gets a non-zero policy and
-    value gradient (a constant zero reward with a zero-initialised value head gives zero gradients; the memory
-    would be the same, the step would not be a real one)."""
-
-    def __init__(self, task):
-        self.task = task
-
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-    def reward(self, response: str, answer: str) -> float:
-        return float((len(response) + len(answer)) % 2)
-
-
 def worker(run_dir: str, out_dir: str) -> None:
     import torch  # noqa: F401  (the baseline includes torch, transformers, peft and the trainer)
     import transformers  # noqa: F401
@@ -138,7 +123,7 @@ def worker(run_dir: str, out_dir: str) -> None:
     rss = {"after_imports": _status()["VmRSS"]}
     t0 = time.perf_counter()
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
-    tr.task = ParityReward(tr.task)
+    tr.task = common.ParityReward(tr.task)  # non-zero gradients for an untrained model
     setup_s = round(time.perf_counter() - t0, 2)
     st = _status()
     rss["after_setup"], peak = st["VmRSS"], {"setup": st["VmHWM"]}

@@ -4,20 +4,10 @@ process and under `torchrun --nproc_per_node 2`, as tests/dist_step.py does for 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-
-class ParityReward:
-    """A task whose reward is the parity of the response's length plus the answer's: a signal even an
-    untrained tiny model's greedy, truncated answers get (correct = odd); the rest is the wrapped task's."""
-
-    def __init__(self, task):
-        self.task = task
-
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-    def reward(self, response: str, answer: str) -> float:
-        return float((len(response) + len(answer)) % 2)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+from bench.common import ParityReward
 
 
 def main(run_dir: str, out: str) -> None:
