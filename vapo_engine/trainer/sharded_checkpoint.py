@@ -71,10 +71,6 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}"
 
 
-def is_sharded_checkpoint(ckpt: Path) -> bool:
-    return (Path(ckpt) / SHARDED).is_dir()
-
-
 def _states(models, opt_actor, opt_critic) -> dict:
     """DCP state dicts (sharded where the models are) of both models and both optimizers."""
     out = {}
