@@ -73,22 +73,12 @@ def env_mode(_: str, out: Path) -> None:
 
 
 def value_mode(model: str, out: Path) -> None:
-    """A value-model directory whose scalar head is random (N(0, 0.1), seed 0) instead of the engine's zero
-    start, so a parity step has gradients even when every reward of its batch is equal (no learning signal:
-    all-zero gradients would compare equal and prove nothing): V(s) ≠ 0 gives non-zero critic targets' errors
-    and GAE advantages."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    """A value-model directory with a random scalar head (`common.random_head_value_dir`): a parity step then
+    has gradients even when every reward of its batch is equal (all-zero gradients would prove nothing)."""
+    import common
 
     from vapo_engine.trainer.models import resolve_model_path
-    path = resolve_model_path(None if model == "-" else model)
-    cfg = AutoConfig.from_pretrained(path, num_labels=1)
-    cfg.classifier_dropout = 0.0
-    value = AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in (getattr(value, "score", None) or value.classifier).parameters():
-            p.normal_(0.0, 0.1)
-    value.save_pretrained(out)
+    common.random_head_value_dir(resolve_model_path(None if model == "-" else model), out)
 
 
 def train_mode(run_dir: str, out: Path) -> None:
@@ -98,24 +88,17 @@ def train_mode(run_dir: str, out: Path) -> None:
     _write_json(out, {"summary": summary, "wall_s": round(time.perf_counter() - t0, 2), "memory": peak_memory()})
 
 
-def _flat_grads(model) -> torch.Tensor:
-    """Every gradient, flattened, on the CPU; sharded (fsdp) gradients gathered first (a collective)."""
-    gs = [p.grad for p in model.parameters() if p.grad is not None]
-    if not gs:
-        return torch.zeros(0)
-    return torch.cat([(g.full_tensor() if hasattr(g, "full_tensor") else g).reshape(-1).float().cpu() for g in gs])
-
-
 def step_mode(run_dir: str, out: Path) -> None:
     from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.fsdp import full_grads
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
     t0 = time.perf_counter()
     metrics = rollout_step(tr)
     step_s = time.perf_counter() - t0
-    grads = _flat_grads(tr.models.policy)
-    vgrads = _flat_grads(tr.models.value) if tr.models.value is not None else torch.zeros(0)
+    grads = full_grads(tr.models.policy)
+    vgrads = full_grads(tr.models.value) if tr.models.value is not None else torch.zeros(0)
     if tr.world.is_main:
         torch.save({"metrics": _floats(metrics), "grads": grads, "vgrads": vgrads}, out)
     _write_json(Path(f"{out}.rank{tr.world.rank}.json"), {"rank": tr.world.rank, "world": tr.world.world_size,

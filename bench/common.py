@@ -40,6 +40,23 @@ class ParityReward:
         return float((len(response) + len(answer)) % 2)
 
 
+def random_head_value_dir(model_dir, out) -> Path:
+    """A value model of `model_dir`'s architecture saved to `out` with a random scalar head (N(0, 0.1), seed 0)
+    instead of the engine's zero start: values, GAE advantages and value losses, hence every gradient of a step,
+    are non-zero even when no reward is earned — parity checks that compare zeros with zeros prove nothing."""
+    import torch
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    cfg.classifier_dropout = 0.0
+    value = AutoModelForTokenClassification.from_pretrained(model_dir, config=cfg, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in (getattr(value, "score", None) or value.classifier).parameters():
+            p.normal_(0.0, 0.1)
+    value.save_pretrained(out)
+    return Path(out)
+
+
 def machine_info() -> dict:
     """CPU model (from /proc/cpuinfo), core counts, torch / transformers / python versions."""
     import torch

@@ -313,7 +313,7 @@ def parity_step(ctx: Ctx, name: str, extra: tuple[str, ...], procs: int) -> dict
     run = make_run(ctx, f"parity-{name}", ctx.base + PARITY + (value, *extra))
     out = child(ctx, f"parity-{name}", "step", str(run), procs)
     ranks = [read_json(p) for p in sorted(out.parent.glob(f"{out.name}.rank*.json"))]
-    return {**torch.load(out), "ranks": ranks}
+    return {**torch.load(out, weights_only=True), "ranks": ranks}
 
 
 def compare(a: dict, ref: dict, cuda: bool) -> tuple[list[str], dict]:

@@ -8,21 +8,14 @@ import sys
 
 import torch
 
+from vapo_engine.trainer.fsdp import full_grads
 from vapo_engine.trainer.loop import rollout_step
 from vapo_engine.trainer.setup import build_trainer
 
 run_dir, out = sys.argv[1], sys.argv[2]
 tr = build_trainer(run_dir, write=False, log=lambda m: None)
 metrics = rollout_step(tr)
-
-
-def flat_grads(model) -> torch.Tensor:
-    """Every gradient, flattened; sharded (fsdp) gradients gathered to full tensors (a collective)."""
-    gs = [p.grad for p in model.parameters() if p.grad is not None]
-    return torch.cat([(g.full_tensor() if hasattr(g, "full_tensor") else g).reshape(-1) for g in gs])
-
-
-grads, vgrads = flat_grads(tr.models.policy), flat_grads(tr.models.value)
+grads, vgrads = full_grads(tr.models.policy), full_grads(tr.models.value)
 if tr.world.is_main:
     torch.save({"metrics": metrics, "grads": grads, "vgrads": vgrads}, out)
 tr.world.barrier()

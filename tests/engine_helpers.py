@@ -21,18 +21,8 @@ def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str =
 
 
 def random_value_dir(folder: Path, model_dir: Path) -> Path:
-    """A value model of `model_dir`'s architecture whose scalar head is random instead of zero, so that values,
-    advantages, value losses and hence every gradient of a step are non-zero even when no reward is earned
-    (an untrained model's usual case) — parity tests that compare zeros with zeros prove nothing."""
-    import torch
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    """`bench.common.random_head_value_dir` of `model_dir`, made once in `folder`: a value model whose non-zero
+    head makes every gradient of a step non-zero (parity tests that compare zeros with zeros prove nothing)."""
+    from bench.common import random_head_value_dir
     out = Path(folder) / "value-random-head"
-    if not (out / "config.json").is_file():
-        cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
-        value = AutoModelForTokenClassification.from_pretrained(model_dir, config=cfg)
-        with torch.no_grad():
-            torch.manual_seed(0)
-            value.score.weight.normal_(0, 0.5)
-            value.score.bias.fill_(0.3)
-        value.save_pretrained(out)
-    return out
+    return out if (out / "config.json").is_file() else random_head_value_dir(model_dir, out)

@@ -88,6 +88,15 @@ def local_norm(total) -> float:
     return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
 
+def full_grads(model: torch.nn.Module) -> torch.Tensor:
+    """Every gradient of `model`, flattened into one fp32 CPU vector; sharded gradients are gathered first (a
+    collective under fsdp: call on every rank). For parity checks (tests, bench/gpu_check.py)."""
+    gs = [p.grad for p in model.parameters() if p.grad is not None]
+    if not gs:
+        return torch.zeros(0)
+    return torch.cat([(g.full_tensor() if hasattr(g, "full_tensor") else g).reshape(-1).float().cpu() for g in gs])
+
+
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded weights on CPU, on rank 0 (an empty dict on the others). Collective: call on every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

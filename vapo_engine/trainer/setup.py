@@ -197,12 +197,12 @@ def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
 def _restore_optimizers(tr: Trainer, st: dict, ckpt: Path) -> None:
     """AdamW states from the DCP shards (an fsdp checkpoint, into any world size), or from the trainer state
     (a ddp / one-process checkpoint; into sharded models through their full-state-dict form)."""
-    pairs = [(tr.models.policy, tr.opt_actor, st.get("opt_actor"))]
-    if tr.opt_critic is not None:
-        pairs.append((tr.models.value, tr.opt_critic, st.get("opt_critic")))
     if st.get("optimizers") == SHARDED:
         load_sharded(ckpt, tr.models, tr.opt_actor, tr.opt_critic)
         return
+    pairs = [(tr.models.policy, tr.opt_actor, st.get("opt_actor"))]
+    if tr.opt_critic is not None:
+        pairs.append((tr.models.value, tr.opt_critic, st.get("opt_critic")))
     for model, opt, saved in pairs:
         if saved is None:
             continue
