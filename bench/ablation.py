@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reuse", default=None, help="records (comma-separated JSON paths) whose matching runs are reused")
     p.add_argument("--preset", default=common.PRESET, help="preset of every row (cpu-demo: builtin:addition; "
                    "chain-demo: builtin:chain, where the long end is the headline metric)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override for every row (repeatable), e.g. training.learning_rate=2e-4; "
+                        "recorded in the record's config.extra_overrides")
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
@@ -50,17 +53,19 @@ def plan(args) -> tuple[int, list[int], int, tuple[str, ...]]:
         return 2, [1], 1, common.SMOKE_OVERRIDES
     steps = args.steps or (200 if args.reduced else 600)
     seeds = common.parse_seeds(args.seeds or ("1" if args.reduced else "1,2,3"))
-    return steps, seeds, args.eval_interval or max(1, steps // 8), ()
+    return steps, seeds, args.eval_interval or max(1, steps // 8), tuple(args.overrides)
 
 
-def reusable(paths: str | None, steps: int, every: int, preset: str = common.PRESET) -> dict[tuple[str, int], dict]:
-    """Runs of other records (comma-separated paths) trained with exactly this budget and no extra overrides,
+def reusable(paths: str | None, steps: int, every: int, preset: str = common.PRESET,
+             extra: tuple[str, ...] = ()) -> dict[tuple[str, int], dict]:
+    """Runs of other records (comma-separated paths) trained with exactly this budget and these extra overrides,
     by (variant, seed); the first path that has a run wins."""
     found: dict[tuple[str, int], dict] = {}
     for path in [p for p in (paths or "").split(",") if p and Path(p).is_file()]:
         rec = json.loads(Path(path).read_text(encoding="utf-8"))
         cfg = rec.get("config", {})
-        if (cfg.get("steps") != steps or cfg.get("eval_interval") != every or cfg.get("extra_overrides")
+        if (cfg.get("steps") != steps or cfg.get("eval_interval") != every
+                or list(cfg.get("extra_overrides") or []) != list(extra)
                 or cfg.get("smoke") or cfg.get("mode") == "smoke" or cfg.get("preset", common.PRESET) != preset):
             continue
         for r in rec.get("runs", []):
@@ -76,7 +81,8 @@ def summarize(runs: list[dict], variants: list[str], target: float) -> list[dict
         mine = [r for r in runs if r["variant"] == v]
         g = common.spread([r["final_greedy"] for r in mine])
         deltas = {f"vs_vapo_{k}": welch_ci([r.get(k) for r in mine], [r.get(k) for r in ref])
-                  for k in ("final_greedy", "final_greedy_long", "final_sampled") if any(k in r for r in mine)}
+                  for k in ("final_greedy", "final_greedy_long", "final_greedy_mid", "final_sampled")
+                  if any(k in r for r in mine)}
         rows.append({"variant": v, "description": VARIANTS[v].description, "paper_aime24": VARIANTS[v].paper_aime,
                      "final_greedy": g, "final_sampled": common.spread([r["final_sampled"] for r in mine]),
                      **{f"final_greedy_{b}": common.spread([r.get(f"final_greedy_{b}") for r in mine])
@@ -113,7 +119,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     steps, seeds, every, extra = plan(args)
     variants = [v for v in args.variants.split(",") if v]
-    old = reusable(args.reuse, steps, every, args.preset) if not args.smoke else {}
+    old = reusable(args.reuse, steps, every, args.preset, extra) if not args.smoke else {}
     t0, load0, runs = time.time(), common.load_avg(), []
     meta = {"preset": args.preset, "mode": "smoke" if args.smoke else ("reduced" if args.reduced else "full"),
             "steps": steps, "seeds": seeds, "eval_interval": every, "target_greedy": args.target,

@@ -118,6 +118,50 @@ def ablation(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def _ci(d: dict | None) -> str:
+    """Δ with its 95% Welch interval, * when the interval excludes 0."""
+    if not d or d.get("delta") is None:
+        return "—"
+    if not d.get("ci95"):
+        return f"{d['delta']:+.3f}"
+    lo, hi = d["ci95"]
+    return f"{d['delta']:+.3f} [{lo:+.3f}, {hi:+.3f}]{'*' if d.get('significant') else ''}"
+
+
+def _start(runs: list[dict], key: str) -> float | None:
+    vals = [x["curve"][0].get(key) for x in runs if x.get("curve") and x["curve"][0].get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def ablation_chain(rec: dict) -> str:
+    """The ablation on builtin:chain: final greedy overall / long / mid with Δ vs VAPO and its 95% CI."""
+    c = rec["config"]
+    lines = [("| variant | paper: AIME24 avg@32, Qwen2.5-32B | ours: final greedy, all | Δ vs VAPO [95% CI] | "
+              "long (9–14 steps): final | Δ long [95% CI] | mid (5–8): final | Δ mid [95% CI] | "
+              "critic EV (Monte-Carlo targets) | mean λ_policy |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["table"]:
+        base = r["variant"] == "vapo"
+        lines.append(f"| {r['description']} | {'—' if r['paper_aime24'] is None else r['paper_aime24']} | "
+                     f"{_spread(r['final_greedy'])} | {'' if base else _ci(r.get('vs_vapo_final_greedy'))} | "
+                     f"{_spread(r.get('final_greedy_long', {}))} | "
+                     f"{'' if base else _ci(r.get('vs_vapo_final_greedy_long'))} | "
+                     f"{_spread(r.get('final_greedy_mid', {}))} | "
+                     f"{'' if base else _ci(r.get('vs_vapo_final_greedy_mid'))} | "
+                     f"{_f(r['mean_explained_var'])} | {_f(r['mean_lambda_policy'])} |")
+    runs = rec["runs"]
+    extra = ", ".join(f"`{o}`" for o in c.get("extra_overrides") or []) or "none"
+    lines += ["", f"Preset {c['preset']}, {c['steps']} policy steps per run, seeds {c['seeds']}, eval every "
+              f"{c['eval_interval']} steps; extra overrides on every row: {extra}. Start (step 0, mean over runs): "
+              f"all {_f(_start(runs, 'greedy'))}, long {_f(_start(runs, 'greedy_long'))}, mid "
+              f"{_f(_start(runs, 'greedy_mid'))}. Values are mean ± std [min–max] over seeds; Δ = row mean − VAPO mean "
+              "with Welch's 95% interval (* = excludes 0). Critic EV is against the same Monte-Carlo returns in "
+              f"every row (mean over steps; — = no critic). {rec['paper_note']}."
+              + ("" if rec.get("complete", True) else " **Incomplete record** (interrupted; finished rows only)."),
+              "", _machine(rec)]
+    return "\n".join(lines)
+
+
 def concurrency(rec: dict) -> str:
     head = ("| scenario | runs at once | threads per run | OpenMP wait | rollout-step time per run (s; 128 samples "
             "+ 4 updates) | vs alone | wall (s) | load average start → end |")
@@ -222,6 +266,7 @@ def memory(rec: dict) -> str:
 
 
 RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
+          "ablation_chain": ablation_chain,
           "concurrency": concurrency, "trl_side_by_side": trl_side_by_side, "provider_samples": provider_samples,
           "memory": memory}
 OPTIONAL = {"trl_side_by_side"}
@@ -235,7 +280,8 @@ def render(results: Path = RESULTS) -> str:
         if path.is_file():
             parts.append(f"### {name.replace('_', ' ')}\n\n" + fn(json.loads(path.read_text(encoding="utf-8"))))
         elif name not in OPTIONAL:
-            parts.append(f"### {name.replace('_', ' ')}\n\n(no record: run `bench/{name}.py`)")
+            script = name.removesuffix("_chain") + ".py" + (" --preset chain-demo" if name.endswith("_chain") else "")
+            parts.append(f"### {name.replace('_', ' ')}\n\n(no record: run `bench/{script}`)")
     return "\n\n".join(parts) + "\n"
 
 
