@@ -81,8 +81,8 @@ def summarize(runs: list[dict], variants: list[str], target: float) -> list[dict
         mine = [r for r in runs if r["variant"] == v]
         g = common.spread([r["final_greedy"] for r in mine])
         deltas = {f"vs_vapo_{k}": welch_ci([r.get(k) for r in mine], [r.get(k) for r in ref])
-                  for k in ("final_greedy", "final_greedy_long", "final_greedy_mid", "final_sampled")
-                  if any(k in r for r in mine)}
+                  for k in ("final_greedy", "final_greedy_long", "final_greedy_mid", "final_sampled",
+                            "mean_explained_var") if any(r.get(k) is not None for r in mine)}
         rows.append({"variant": v, "description": VARIANTS[v].description, "paper_aime24": VARIANTS[v].paper_aime,
                      "final_greedy": g, "final_sampled": common.spread([r["final_sampled"] for r in mine]),
                      **{f"final_greedy_{b}": common.spread([r.get(f"final_greedy_{b}") for r in mine])

@@ -148,7 +148,9 @@ def ablation_chain(rec: dict) -> str:
                      f"{'' if base else _ci(r.get('vs_vapo_final_greedy_long'))} | "
                      f"{_spread(r.get('final_greedy_mid', {}))} | "
                      f"{'' if base else _ci(r.get('vs_vapo_final_greedy_mid'))} | "
-                     f"{_f(r['mean_explained_var'])} | {_f(r['mean_lambda_policy'])} |")
+                     f"{_f(r['mean_explained_var'])}"
+                     f"{'' if base or r['mean_explained_var'] is None else ' (Δ ' + _ci(r.get('vs_vapo_mean_explained_var')) + ')'}"
+                     f" | {_f(r['mean_lambda_policy'])} |")
     runs = rec["runs"]
     extra = ", ".join(f"`{o}`" for o in c.get("extra_overrides") or []) or "none"
     lines += ["", f"Preset {c['preset']}, {c['steps']} policy steps per run, seeds {c['seeds']}, eval every "
