@@ -137,7 +137,7 @@ def ablation_chain(rec: dict) -> str:
     """The ablation on builtin:chain: final greedy overall / long / mid with Δ vs VAPO and its 95% CI."""
     c = rec["config"]
     lines = [("| variant | paper: AIME24 avg@32, Qwen2.5-32B | ours: final greedy, all | Δ vs VAPO [95% CI] | "
-              "long (9–14 steps): final | Δ long [95% CI] | mid (5–8): final | Δ mid [95% CI] | "
+              "long (9–14 steps): final | Δ long [95% CI] | mid (4–8 steps): final | Δ mid [95% CI] | "
               "critic EV (Monte-Carlo targets) | mean λ_policy |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rec["table"]:

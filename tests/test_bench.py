@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not _cached(), reason="built-in tiny model not c
 
 SMOKES = {"throughput": ["--dtypes", "float32"],
           "sample_efficiency": ["--algos", "vapo,grpo"],
-          "ablation": ["--variants", "vapo,no_positive_lm"],
+          "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
           "concurrency": [],
           "provider_samples": [],
           "memory": []}
