@@ -164,6 +164,26 @@ def ablation_chain(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def chain_lookup(rec: dict) -> str:
+    """Teacher-forced P(right sign) on the middle lines, by prompt length, one column group per policy."""
+    res = rec["results"]
+    head = "| steps | " + " | ".join(f"{chr(65 + i)}: sign P, middle lines | {chr(65 + i)}: lines with sign P < 0.5"
+                                     f" | {chr(65 + i)}: digit P, middle lines" for i in range(len(res))) + " |"
+    lines = [head, "|---|" + "---|---|---|" * len(res)]
+    for n in sorted({int(k) for r in res for k in r["by_steps"]}):
+        cells = []
+        for r in res:
+            x = r["by_steps"].get(str(n)) or r["by_steps"].get(n) or {}
+            below = x.get("sign_below_half")
+            cells += [_f(x.get("sign_middle"), 2), "—" if below is None else f"{below:.0%}", _f(x.get("digit_middle"), 2)]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    policies = "; ".join(f"{chr(65 + i)}: `{r['policy']}`" for i, r in enumerate(res))
+    note = (f"{rec['config']['per_length']} held-out problems per step count, reference solution fed "
+            f"(teacher-forced); middle lines = all but the first and the last two. Policies — {policies}.")
+    lines += ["", note, "", _machine(rec)]
+    return "\n".join(lines)
+
+
 def concurrency(rec: dict) -> str:
     head = ("| scenario | runs at once | threads per run | OpenMP wait | rollout-step time per run (s; 128 samples "
             "+ 4 updates) | vs alone | wall (s) | load average start → end |")
@@ -268,10 +288,10 @@ def memory(rec: dict) -> str:
 
 
 RENDER = {"throughput": throughput, "sample_efficiency": sample_efficiency, "ablation": ablation,
-          "ablation_chain": ablation_chain,
+          "ablation_chain": ablation_chain, "chain_lookup": chain_lookup,
           "concurrency": concurrency, "trl_side_by_side": trl_side_by_side, "provider_samples": provider_samples,
           "memory": memory}
-OPTIONAL = {"trl_side_by_side"}
+OPTIONAL = {"trl_side_by_side", "chain_lookup"}
 """Records of optional extras: left out of the report, not flagged, when missing."""
 
 

@@ -25,7 +25,8 @@ SMOKES = {"throughput": ["--dtypes", "float32"],
           "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
           "concurrency": [],
           "provider_samples": [],
-          "memory": []}
+          "memory": [],
+          "chain_lookup": []}
 
 
 @pytest.fixture(scope="module")
