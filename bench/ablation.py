@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -128,9 +127,8 @@ def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra:
               ) -> dict[tuple[str, int], dict]:
     """Train `cells` ((variant, seed) pairs) `args.jobs` at a time, each in a process of this script with
     cores // jobs torch threads; returns each cell's run. A failed cell stops the ablation with its stderr."""
-    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    from vapo_engine.jobs.threads import worker_env
+    env = worker_env(concurrent=args.jobs)  # the run manager's thread budget: cores // jobs, passive waiting
     budget = ["--smoke"] if args.smoke else ["--steps", str(steps), "--eval-interval", str(every),
                                              *[x for o in extra for x in ("--set", o)]]
     with tempfile.TemporaryDirectory(prefix="vapo-ablation-") as tmp:
