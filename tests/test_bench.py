@@ -25,8 +25,7 @@ SMOKES = {"throughput": ["--dtypes", "float32"],
           "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
           "concurrency": [],
           "provider_samples": [],
-          "memory": [],
-          "chain_lookup": []}
+          "memory": []}
 
 
 @pytest.fixture(scope="module")
