@@ -24,7 +24,6 @@ def lookup_probs(model, tokenizer, task, per_length: int) -> dict[int, dict]:
     """{steps: {sign_by_line, digit_by_line, sign_middle, digit_middle, sign_below_half, problems}}."""
     import torch
 
-    from vapo_engine.tasks.chain import LINE
     by: dict[int, dict[str, list[list[float]]]] = {}
     with torch.no_grad():
         for p in task.heldout(per_length * (task.max_steps - task.min_steps + 1)):
@@ -34,7 +33,7 @@ def lookup_probs(model, tokenizer, task, per_length: int) -> dict[int, dict]:
             lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
             rows = by.setdefault(n, {"sign": [[] for _ in range(n)], "digit": [[] for _ in range(n)]})
             for k in range(n):
-                sign = len(pids) + LINE * k + 4  # "h 92+7=99\n": label, space, two digits, then the sign
+                sign = sign_position(len(pids), k)
                 for name, pos in (("sign", sign), ("digit", sign + 1)):
                     rows[name][k].append(float(lp[pos - 1, ids[0, pos]].exp()))
     out = {}
@@ -47,6 +46,13 @@ def lookup_probs(model, tokenizer, task, per_length: int) -> dict[int, dict]:
                   "sign_below_half": round(mean([float(v < 0.5) for x in rows["sign"] for v in x]), 3),
                   "problems": len(rows["sign"][0])}
     return out
+
+
+def sign_position(prompt_tokens: int, line: int) -> int:
+    """Index of line `line`'s sign in prompt + reference response (one token a character: `h 92+7=99\\n` is
+    label, space, two digits, then the sign)."""
+    from vapo_engine.tasks.chain import LINE
+    return prompt_tokens + LINE * line + 4
 
 
 def mean(xs: list[float]) -> float | None:

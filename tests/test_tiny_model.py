@@ -166,7 +166,7 @@ def test_builtin_model_dir_builds_once_and_ignores_killed_builds(tmp_path):
 
 
 def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
-    def boom(tmp, recipe, log):
+    def boom(tmp, recipe, log, start=None):
         (tmp / "config.json").write_text("{}")
         raise KeyboardInterrupt  # like a kill in the middle of training
 
@@ -180,8 +180,8 @@ def test_concurrent_builder_that_loses_the_rename_uses_the_winner(tmp_path, monk
     real_build = tiny_model._build_into
     final = tmp_path / BuildRecipe(**TINY_BUILD).folder_name()
 
-    def build_then_someone_else_wins(tmp, recipe, log):
-        metrics = real_build(tmp, recipe, log)
+    def build_then_someone_else_wins(tmp, recipe, log, start=None):
+        metrics = real_build(tmp, recipe, log, start)
         winner = tmp_path / "winner"
         winner.mkdir()
         (winner / "config.json").write_text("{}")

@@ -9,8 +9,10 @@ sparse success, a value model that must notice a mistake when it is made):
 - **Length varies ≥ 10×** inside one batch: 1 to 14 steps give responses of 14 to 144 tokens (10 characters a
   line with the built-in character tokenizer, plus `;`, the two answer digits and EOS).
 - **Difficulty is visible from the prompt** (the number of operations) and `bucket()` names it: short (1–3
-  steps), mid (4–8), long (9–14). The hard part is finding a line's operation among many in a long prompt:
-  the built-in model's warm-start makes its mistakes there (copying the wrong sign or digit), not in the sums.
+  steps), mid (4–8), long (9–14). The hard part is finding a line's operation among many in a long prompt
+  (copying the wrong sign, not the sums). The built-in model's warm-start (v2) has learnt that, then learnt from
+  a teacher that stops after 8 lines: RL starts with long chains at ~0% greedy and ~3% sampled, and must learn
+  to keep going (`vapo_engine.builtin_model.build.RECIPES`).
 - **Every step is checkable locally**: a line copies the previous line's total and the operation with its
   label from the prompt, and adds or subtracts one digit; totals stay in 0–99 and are written with two digits,
   so every line has the same shape. Every line is determined by the prompt, so a response that has left the
@@ -107,11 +109,12 @@ class ChainTask:
         n = self.steps_of(problem.prompt)
         return next(name for name, lo, hi in BUCKETS if lo <= n <= hi)
 
-    def solve(self, prompt: str) -> str:
-        """The reference response for `prompt` (without EOS)."""
+    def solve(self, prompt: str, max_lines: int | None = None) -> str:
+        """The reference response for `prompt` (without EOS); with `max_lines`, the response of a solver that
+        stops after that many lines and answers the total so far (the warm-start's stop-early teacher)."""
         head, *ops = prompt.split()
         total, lines = int(head), []
-        for op in ops:
+        for op in ops[:max_lines]:
             label, sign, d = op[0], op[1], int(op[2])
             new = total + d if sign == "+" else total - d
             lines.append(f"{label} {total:02d}{sign}{d}={new:02d}")
