@@ -26,9 +26,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "healthy": ([], []),
     "value_collapse": (["vapo.value_pretrain_steps=0", "vapo.value_learning_rate=1e-7"], ["train-value-collapse"]),
     "lambda_collapsed": (["vapo.alpha=0.005"], ["train-lambda-collapsed"]),
-    # no "length not growing" case: on builtin:chain a response's length is set by its prompt's step count
-    # (the batch's mix of prompts moves the mean length by ±30 tokens step to step), so the symptom cannot be
-    # produced here; tests/test_diagnose_training.py covers that rule on a synthetic run.
+    # no "length not growing" case: the fixtures were recorded on the v1 chain model, whose answers' length is set
+    # by the prompt's step count (the batch's mix moves the mean by ±30 tokens step to step); tests/
+    # test_diagnose_training.py covers that rule on a synthetic run. On v2 (stops long chains after 8 lines)
+    # length grows when RL works (63 -> 77 tokens in the demo), so a stalled run would show it: not recorded yet.
     # meant to oscillate; measured: the policy collapses to reward 0 within ~9 steps (no oscillation), which is
     # what the accuracy-drop rule is for (the oscillation rule is covered by a synthetic run)
     "collapse": (["training.learning_rate=3e-3", "vapo.clip_higher=false", "training.clip_range=0.9",
