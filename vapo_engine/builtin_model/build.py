@@ -163,9 +163,12 @@ def _torch_threads(n: int) -> Iterator[None]:
 def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], start: Path | None = None) -> dict:
     """Create (or load `start`), SFT-train, evaluate and save the model in `tmp`; the done-marker is the last
     file written."""
+    from vapo_engine.metrics import accuracies
+    from vapo_engine.rollout.evaluate import scores
     from vapo_engine.tasks import get_task
 
     from .sft import evaluate, sft_warm_start
+    from .teacher import StopEarlyTeacher
 
     t0 = time.perf_counter()
     random.seed(recipe.seed)
@@ -184,7 +187,6 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
                            seed=recipe.seed)
         sft = _phases_1_2(model, tokenizer, task, recipe, common, log)
     for phase in recipe.phases:
-        from .teacher import StopEarlyTeacher
         log(f"warm-start phase {phase.name!r}" + (f": a teacher that stops after {phase.teacher_lines} lines"
                                                    if phase.teacher_lines else ""))
         taught = StopEarlyTeacher(task, phase.teacher_lines) if phase.teacher_lines else task
@@ -194,7 +196,9 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
                              **(common | {"lr": phase.lr, "eval_every": phase.eval_every}))
         sft |= {f"{phase.name}_{k}": v for k, v in out.items() if k != "losses"}
     heldout = task.heldout(recipe.report_size)
-    greedy = evaluate(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens)
+    rewards, _ = scores(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens)
+    by_bucket = accuracies("greedy", task, heldout, rewards)  # one greedy pass: overall and per bucket
+    greedy = by_bucket.pop("eval/greedy_accuracy")
     sampled = evaluate(model, tokenizer, task, heldout, max_new_tokens=task.max_new_tokens, greedy=False)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -202,11 +206,7 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
     metrics.update(heldout_greedy_acc=greedy, heldout_sampled_acc=sampled, heldout_size=len(heldout),
                    build_seconds=time.perf_counter() - t0, recipe=dataclasses.asdict(recipe),
                    version=recipe.version, torch_threads=torch.get_num_threads())
-    if hasattr(task, "bucket"):
-        for name in dict.fromkeys(task.bucket(p) for p in heldout):
-            part = [p for p in heldout if task.bucket(p) == name]
-            metrics[f"heldout_greedy_acc_{name}"] = evaluate(model, tokenizer, task, part,
-                                                             max_new_tokens=task.max_new_tokens)
+    metrics |= {k.replace("eval/greedy_accuracy", "heldout_greedy_acc"): v for k, v in by_bucket.items()}
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=2))
     (tmp / DONE_MARKER).write_text(json.dumps({"version": recipe.version, "time": time.time()}))
     return metrics
