@@ -141,6 +141,19 @@ def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[Conf
         out.append(ConfigIssue(file, "vapo.loss_reduction", f"token_level_loss = false, so "
                                f"seq_mean_token_mean is used instead of {v.loss_reduction}",
                                "set loss_reduction = \"seq_mean_token_mean\" to make it explicit", level="warning"))
+    m = config.model
+    if m.temperature == 0:
+        out.append(ConfigIssue(file, "model.temperature", "temperature 0 makes training rollouts greedy: every "
+                               "sample of a group is the same answer, so there is nothing to compare and "
+                               "nothing to explore (log-probs are then taken at T = 1)",
+                               "sample at temperature 1.0 (the paper's RL setting) or 0.6-1.0", level="warning"))
+    elif m.top_p < 1:
+        out.append(ConfigIssue(file, "model.top_p", f"top_p = {m.top_p:g} samples from the top-p nucleus, but the "
+                               f"trainer's log-probs are of the full distribution at T = {m.temperature:g} (not "
+                               "renormalised over the nucleus), so PPO's ratio and the KL are approximate: "
+                               "slightly off-policy wherever the nucleus cut off mass",
+                               "set model.top_p = 1.0 for exact on-policy ratios (the paper samples RL rollouts "
+                               "at T = 1.0, top_p = 1.0)", level="warning"))
     if config.decisions.lambda_policy == "length_adaptive":
         lmin = 1 / v.alpha
         out.append(ConfigIssue(file, "vapo.alpha", f"responses of ≤ {lmin:g} tokens get λ_policy = 0 "

@@ -1,9 +1,17 @@
 """A rollout batch: sample responses, score them, and attach old log-probs, reference log-probs and values.
 
-Alignment (SPEC §3): the sequence is [left-padded prompt (P) | right-padded response (R)]. The log-prob of
-response token t comes from the logits at position P−1+t; V(s_t) is the value head at the same position
-(the state *before* token t), i.e. `values[:, P-1:L-1]`. The sequence reward sits on the last valid
-response token (EOS included when generated), never on padding. Does not compute advantages or update.
+Alignment: the sequence is [left-padded prompt (P) | right-padded response (R)]. The log-prob of response
+token t comes from the logits at position P−1+t; V(s_t) is the value head at the same position (the state
+*before* token t), i.e. `values[:, P-1:L-1]`. The sequence reward sits on the last valid response token (EOS
+included when generated), never on padding. Does not compute advantages or update.
+
+Temperature: every policy log-prob and entropy here (old, new, reference, positive-example NLL) is of
+log-softmax(logits / T) over the full vocabulary, T = `Rollout.temperature`, the temperature the tokens were
+sampled at (`logprob_temperature`: 1.0 for greedy rollouts). At T ≠ 1 the raw logits would describe another
+policy than the sampled one, and the PPO ratio of the first mini-batch would not be 1. top-p / top-k
+truncation is *not* renormalised: the log-probs are those of the full-vocabulary distribution at T (as verl,
+TRL and vLLM's processed log-probs with top_p = 1 do), so with top_p < 1 the ratio is approximate
+(`vapo-mcp config check` warns).
 """
 from __future__ import annotations
 
@@ -35,7 +43,10 @@ class Rollout:
     entropy: torch.Tensor | None = None         # (N, R)
     advantages: torch.Tensor | None = None      # (N, R) policy advantages (after whitening)
     returns: torch.Tensor | None = None         # (N, R) critic targets
+    sampler_log_probs: torch.Tensor | None = None  # (N, R) the sampler's own log-probs, when asked for
     gen_seconds: float = 0.0
+    temperature: float = 1.0
+    """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
 
     @property
     def size(self) -> int:
@@ -100,8 +111,15 @@ def place_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
     return rewards
 
 
-def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device) -> Rollout:
-    """A scored-as-correct Rollout from (prompt ids, response ids) pairs (e.g. replayed positives)."""
+def logprob_temperature(temperature: float) -> float:
+    """The temperature of the log-probs of tokens sampled at `temperature`: itself, or 1.0 for greedy (0)."""
+    return float(temperature) if temperature > 0 else 1.0
+
+
+def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device,
+                   temperature: float = 1.0) -> Rollout:
+    """A scored-as-correct Rollout from (prompt ids, response ids) pairs (e.g. replayed positives), whose
+    log-probs are taken at `temperature` (the run's sampling temperature)."""
     p_len = max(len(p) for p, _ in pairs)
     r_len = max(len(r) for _, r in pairs)
     n = len(pairs)
@@ -115,17 +133,20 @@ def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device
     ones = torch.ones(n)
     return Rollout(ids.to(device), attn.to(device), position_ids_from(attn).to(device), resp_mask.to(device),
                    ones.to(device), ones.bool().to(device), place_rewards(ones, resp_mask).to(device), p_len,
-                   [""] * n)
+                   [""] * n, temperature=logprob_temperature(temperature))
 
 
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
-                   do_sample: bool = True, prompt_format: PromptFormat | None = None) -> Rollout:
+                   do_sample: bool = True, prompt_format: PromptFormat | None = None,
+                   with_sampler_log_probs: bool = False) -> Rollout:
     """Generate one response per problem (repeat problems for groups) and score them with the task; the
-    prompts are encoded in `prompt_format` (None = plain)."""
+    prompts are encoded in `prompt_format` (None = plain). `with_sampler_log_probs` keeps the sampler's own
+    log-probs of the drawn tokens (`Rollout.sampler_log_probs`)."""
     t0 = time.perf_counter()
     gen = generate(models.policy, models.tokenizer, [p.prompt for p in problems],
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   do_sample=do_sample and temperature > 0, prompt_format=prompt_format)
+                   do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
+                   with_log_probs=with_sampler_log_probs)
     dev = models.device
     scores = torch.tensor([task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], dtype=torch.float32)
     resp_mask = gen.response_mask.float()
@@ -133,15 +154,20 @@ def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: 
     attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
                    scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
-                   gen.prompt_ids.shape[1], gen.texts, gen_seconds=time.perf_counter() - t0)
+                   gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=None if gen.log_probs is None
+                   else gen.log_probs.to(dev), gen_seconds=time.perf_counter() - t0,
+                   temperature=logprob_temperature(temperature if do_sample else 0.0))
 
 
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
-    """Log-probs (N, R) of the response tokens under `model` (and token entropies if asked)."""
+    """Log-probs (N, R) of the response tokens under `model` at `ro.temperature` (and token entropies of that
+    distribution if asked)."""
     out = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
                 use_cache=False)
     p = ro.prompt_len
     logits = out.logits[:, p - 1:-1, :].float()
+    if ro.temperature != 1.0:
+        logits = logits / ro.temperature
     lp = log_probs_from_logits(logits, ro.input_ids[:, p:])
     return (lp, entropy_from_logits(logits)) if with_entropy else (lp, None)
 

@@ -1,13 +1,18 @@
 """Batched sampling from any Hugging Face causal LM with the KV cache, returned as padded, masked tensors.
 
 `generate` tokenizes prompts with left padding (plain text, or the model's chat template when given a chat
-`vapo_engine.prompts.PromptFormat`), calls `model.generate` (attention mask, `use_cache=True`) chunk by chunk, and returns a `Generation`: prompts left-padded, responses right-padded, a response mask
-that covers every token up to AND including the first EOS, and pad tokens everywhere after it.
+`vapo_engine.prompts.PromptFormat`), calls `model.generate` (attention mask, `use_cache=True`) chunk by chunk,
+and returns a `Generation`: prompts left-padded, responses right-padded, a response mask that covers every
+token up to AND including the first EOS, and pad tokens everywhere after it.
 
-Sampling is pure: the checkpoint's own `generation_config` (top-k, repetition penalty, ...) is ignored and
-only temperature / top-p apply, so the samples come from the same distribution the trainer's log-probs
-describe. Randomness comes from torch's global RNG (the caller seeds it). This file does not compute
-log-probs, values or rewards, and does not batch by length or stream.
+Sampling is pure: the checkpoint's own `generation_config` (top-k, repetition penalty, ...) is ignored; tokens
+are drawn from softmax(logits / temperature), truncated to the top-p nucleus when top_p < 1 (top-k is off).
+The trainer's log-probs (`experience.response_log_probs`) are of softmax(logits / temperature) over the full
+vocabulary: the sampled distribution exactly when top_p = 1, an approximation of it when top_p < 1 (the
+nucleus is not renormalised there; `vapo-mcp config check` warns). With `with_log_probs=True` the sampler's
+own log-probs of the drawn tokens come back too (log-softmax of the processed scores: temperature and top-p
+applied), which is how a test proves the two agree. Randomness comes from torch's global RNG (the caller seeds
+it). This file does not compute values or rewards, and does not batch by length or stream.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ class Generation:
     """Decoded responses with special tokens removed."""
     finished: torch.BoolTensor
     """(N,) True where an EOS was generated."""
+    log_probs: torch.Tensor | None = None
+    """(N, R) float32 log-probs of the drawn tokens under the sampler's processed distribution (with
+    `with_log_probs=True`; 0 after the response ends), else None."""
 
 
 def response_lengths(response_mask: torch.Tensor) -> torch.LongTensor:
@@ -127,23 +135,33 @@ def _lock_step(model) -> bool:
     return isinstance(model, FSDPModule) and torch.distributed.get_world_size() > 1
 
 
-def _generate_chunk(model, tokenizer, prompts, config, pad, eos, fmt):
+def _generate_chunk(model, tokenizer, prompts, config, pad, eos, fmt, with_log_probs: bool):
     prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device, fmt)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                         synced_gpus=_lock_step(model))
-    new_tokens = out[:, prompt_ids.shape[1]:]
+                         synced_gpus=_lock_step(model), output_scores=with_log_probs,
+                         return_dict_in_generate=with_log_probs)
+    sequences = out.sequences if with_log_probs else out
+    new_tokens = sequences[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, eos, pad)
-    return prompt_ids, prompt_mask, ids, mask, finished
+    lp = _sampler_log_probs(out.scores, new_tokens).masked_fill(mask == 0, 0.0) if with_log_probs else None
+    return prompt_ids, prompt_mask, ids, mask, finished, lp
+
+
+def _sampler_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
+    """(N, R) log-softmax of the per-step processed scores ((N, V) each) at the drawn tokens."""
+    steps = torch.stack(scores, dim=1).float()  # (N, R, V)
+    return torch.log_softmax(steps, dim=-1).gather(-1, tokens[:, :steps.shape[1], None]).squeeze(-1)
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, do_sample: bool = True, batch_size: int | None = None,
-             prompt_format: PromptFormat | None = None) -> Generation:
+             prompt_format: PromptFormat | None = None, with_log_probs: bool = False) -> Generation:
     """Sample (or, with temperature 0 / do_sample=False, greedily decode) one response per prompt.
 
     `batch_size` splits the prompts into chunks for memory; results are re-padded to common widths.
-    `prompt_format` (vapo_engine.prompts) encodes the prompts; None = plain text, as-is.
+    `prompt_format` (vapo_engine.prompts) encodes the prompts; None = plain text, as-is. `with_log_probs`
+    also returns the sampler's log-probs of the drawn tokens (`Generation.log_probs`).
     """
     if not prompts:
         raise ValueError("generate() needs at least one prompt")
@@ -153,8 +171,8 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
     config = _sampling_config(max_new_tokens, temperature, top_p, do_sample, pad, eos)
     step = batch_size or len(prompts)
     with _eval_mode_with_clean_generation_config(model):
-        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos, prompt_format)
-                  for i in range(0, len(prompts), step)]
+        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos, prompt_format,
+                                  with_log_probs) for i in range(0, len(prompts), step)]
     p_width = max(c[0].shape[1] for c in chunks)
     r_width = max(1, max(int(c[3].sum(dim=-1).max().item()) for c in chunks))
     prompt_ids = torch.cat([_pad_to(c[0], p_width, pad, left=True) for c in chunks])
@@ -162,8 +180,10 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
     response_ids = torch.cat([_pad_to(c[2], r_width, pad, left=False)[:, :r_width] for c in chunks])
     response_mask = torch.cat([_pad_to(c[3], r_width, 0.0, left=False)[:, :r_width] for c in chunks])
     finished = torch.cat([c[4] for c in chunks])
+    log_probs = torch.cat([_pad_to(c[5], r_width, 0.0, left=False)[:, :r_width] for c in chunks]
+                          ) if with_log_probs else None
     lengths = response_lengths(response_mask).tolist()
     texts = tokenizer.batch_decode(
         [row[:n].tolist() for row, n in zip(response_ids, lengths)], skip_special_tokens=True
     )
-    return Generation(prompt_ids, prompt_mask, response_ids, response_mask, texts, finished)
+    return Generation(prompt_ids, prompt_mask, response_ids, response_mask, texts, finished, log_probs)

@@ -139,7 +139,8 @@ def _one_update(tr: Trainer, mini) -> dict[str, float]:
     if tr.cfg.decisions.positive_replay:
         n = replay_count(int(mini.correct.sum()), v.replay_ratio, len(tr.replay))
         pairs = tr.replay.sample(n, tr.replay_rng)
-        replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device) if pairs else None
+        replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device,
+                                temperature=tr.cfg.model.temperature) if pairs else None
     m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic,
                     reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients,
                     reduce_max=tr.world.max_int)
