@@ -11,10 +11,22 @@ different model, a different benchmark and a ~100x longer run, so the two column
 
 `--reuse bench/results/sample_efficiency.json` takes the vapo / ppo / grpo runs with the same steps, seed and
 eval interval from that record instead of training them again (the runs are identical configurations).
+
+**The paired design** (`--budget R`, bench/paired.py): every row of a seed spends R rollouts, value-pretraining
+rollouts included. Rows that pretrain a critic share one per seed, trained once (`vapo-mcp pretrain-value`'s
+value-only run, then `model.value_path`), and have R − P rollouts left for policy steps, P = the rounds that
+critic took; rows of a seed draw identical policy-step prompts (trainer/streams.py). The primary metric is the
+area under the held-out curve over the budget (`--metric`, default sampled accuracy), with the rollouts to
+`--target` beside it; each row is compared with VAPO seed by seed, Holm-corrected over the rows:
+
+    .venv/bin/python bench/ablation.py --preset chain-noisy-sft --budget 24 --seeds 1,2,3,4,5 \
+        --variants vapo,no_value_pretrain,no_decoupled_gae,no_length_adaptive,no_positive_lm,grpo,rft \
+        --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 --jobs 2
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -25,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
+import paired
 from stats import welch_ci
 
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
@@ -48,6 +61,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "recorded in the record's config.extra_overrides")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process with "
                    "cores // jobs torch threads (2 runs at once on 2 cores: ~1.5x the throughput of one, bench/concurrency.py)")
+    p.add_argument("--budget", type=int, default=None, help="the paired design: rollouts per row, value-pretraining "
+                   "rollouts included (one shared critic per seed); replaces --steps")
+    p.add_argument("--metric", default="sampled", choices=("sampled", "greedy"), help="held-out curve of the paired "
+                   "design's area and threshold (sampled = avg@k at the training temperature)")
+    p.add_argument("--critic-dir", default=str(common.REPO / "bench" / ".cache" / "critics"),
+                   help="where the paired design keeps its shared critics (reused when their settings match)")
+    p.add_argument("--pretrain-only", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one critic
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
@@ -55,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def plan(args) -> tuple[int, list[int], int, tuple[str, ...]]:
     if args.smoke:
-        return 2, [1], 1, common.SMOKE_OVERRIDES
+        return 2, common.parse_seeds(args.seeds or "1"), 1, (*common.SMOKE_OVERRIDES, *args.overrides)
     steps = args.steps or (200 if args.reduced else 600)
     seeds = common.parse_seeds(args.seeds or ("1" if args.reduced else "1,2,3"))
     return steps, seeds, args.eval_interval or max(1, steps // 8), tuple(args.overrides)
@@ -123,36 +143,145 @@ def record_name(preset: str) -> str:
     return "ablation" if preset == common.PRESET else f"ablation_{preset.removesuffix('-demo')}"
 
 
-def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra: tuple[str, ...]
-              ) -> dict[tuple[str, int], dict]:
+def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra: tuple[str, ...],
+              per_cell: dict | None = None) -> dict[tuple[str, int], dict]:
     """Train `cells` ((variant, seed) pairs) `args.jobs` at a time, each in a process of this script with
-    cores // jobs torch threads; returns each cell's run. A failed cell stops the ablation with its stderr."""
+    cores // jobs torch threads; returns each cell's run. `per_cell` {cell: (steps, extra overrides)} replaces
+    the common steps / adds overrides for a cell. A failed cell stops the ablation with its stderr."""
+    def argv(cell) -> list[str]:
+        n, more = (per_cell or {}).get(cell, (steps, ()))
+        budget = ["--smoke"] if args.smoke and not per_cell else ["--steps", str(n), "--eval-interval", str(every)]
+        return ["--preset", args.preset, *budget, *[x for o in (*extra, *more) for x in ("--set", o)],
+                "--seeds", str(cell[1]), "--variants", cell[0]]
+    return _children(args, cells, argv, lambda out: json.loads(
+        (out / f"{record_name(args.preset)}.json").read_text(encoding="utf-8"))["runs"][0])
+
+
+def _children(args, cells: list, argv, result) -> dict:
+    """Run this script once per cell (`argv(cell) + --out DIR`), `args.jobs` at a time, each with cores // jobs
+    torch threads (the run manager's budget); `result(DIR)` reads what a child wrote."""
     from vapo_engine.jobs.threads import worker_env
-    env = worker_env(concurrent=args.jobs)  # the run manager's thread budget: cores // jobs, passive waiting
-    budget = ["--smoke"] if args.smoke else ["--steps", str(steps), "--eval-interval", str(every),
-                                             *[x for o in extra for x in ("--set", o)]]
+    env = worker_env(concurrent=args.jobs)
     with tempfile.TemporaryDirectory(prefix="vapo-ablation-") as tmp:
-        def one(cell: tuple[str, int]) -> dict:
-            out = Path(tmp) / f"{cell[0]}-s{cell[1]}"
-            r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, *budget,
-                                "--seeds", str(cell[1]), "--variants", cell[0], "--out", str(out)],
+        def one(cell) -> dict:
+            out = Path(tmp) / "-".join(map(str, cell))
+            r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv(cell), "--out", str(out)],
                                env=env, capture_output=True, text=True, check=False)
             if r.returncode:
-                raise RuntimeError(f"ablation cell {cell[0]} seed {cell[1]} failed:\n{r.stderr[-3000:]}")
-            return json.loads((out / f"{record_name(args.preset)}.json").read_text(encoding="utf-8"))["runs"][0]
+                raise RuntimeError(f"ablation cell {cell} failed:\n{r.stderr[-3000:]}")
+            return result(out)
 
         done = {}
-        with ThreadPoolExecutor(args.jobs) as pool:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             futures = {pool.submit(one, c): c for c in cells}
             for f in as_completed(futures):
                 done[futures[f]] = f.result()
-                print(f"  finished {futures[f][0]} seed {futures[f][1]} ({len(done)}/{len(cells)})", flush=True)
+                print(f"  finished {futures[f]} ({len(done)}/{len(cells)})", flush=True)
         return done
+
+
+def critic_dir(args, seed: int, extra: tuple[str, ...]) -> Path:
+    """The shared critic of `seed` under these settings (preset, every-row overrides, smoke)."""
+    key = json.dumps({"preset": args.preset, "extra": list(extra), "seed": seed, "smoke": args.smoke}, sort_keys=True)
+    return Path(args.critic_dir) / f"critic-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def pretrain_critic(args, seed: int, extra: tuple[str, ...]) -> dict:
+    """Value pretraining alone (the value-only run of `vapo-mcp pretrain-value`) with the VAPO row's config and
+    `seed`; the value model and `critic.json` (rounds, rollouts, held-out EV per round, wall time) go to
+    `critic_dir`. Reused when already there."""
+    from vapo_engine.rundir import RunDir
+    from vapo_engine.runs import create_run
+    from vapo_engine.trainer.loop import train
+    out = critic_dir(args, seed, extra)
+    if (out / "critic.json").is_file():
+        return json.loads((out / "critic.json").read_text(encoding="utf-8"))
+    config, overrides = common.load_bench_config("vapo", extra, args.preset)
+    with tempfile.TemporaryDirectory(prefix="vapo-critic-") as tmp:
+        info = create_run(config, common.settings_with_seed(seed), Path(tmp), run_id=f"critic-s{seed}",
+                          overrides=overrides, preset=args.preset,
+                          extra={"mode": "value_pretrain", "value_out": str(out / "value_model")})
+        t0 = time.perf_counter()
+        summary = train(info.run_dir, log=lambda m: None)
+        evs = [r.get("critic/pretrain_explained_var") for r in RunDir(info.run_dir).metrics() if r["kind"] == "pretrain"]
+    meta = {"seed": seed, "path": str(out / "value_model"), "rounds": summary["steps"], "rollouts": summary["steps"],
+            "responses": summary["steps"] * config.training.batch_size, "heldout_explained_var": evs,
+            "wall_s": round(time.perf_counter() - t0, 1), "overrides": overrides}
+    (out / "critic.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return meta
+
+
+def shared_critics(args, seeds: list[int], extra: tuple[str, ...]) -> dict[int, dict]:
+    """One pretrained critic per seed (`--jobs` at a time in child processes), reused across rows and runs."""
+    todo = [s for s in seeds if not (critic_dir(args, s, extra) / "critic.json").is_file()]
+    if args.jobs > 1 and len(todo) > 1:
+        _children(args, todo, lambda s: ["--pretrain-only", "--preset", args.preset, "--seeds", str(s),
+                                         *(["--smoke"] if args.smoke else []),
+                                         *[x for o in args.overrides for x in ("--set", o)],
+                                         "--critic-dir", args.critic_dir], lambda out: None)
+    return {s: pretrain_critic(args, s, extra) for s in seeds}
+
+
+def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: tuple[str, ...]) -> list[dict]:
+    """The paired design: rows spend `args.budget` rollouts each, shared value pretraining included."""
+    critics = shared_critics(args, seeds, extra)
+    base, _ = common.load_bench_config("vapo", extra, args.preset)
+    upr = base.training.batch_size // base.mini_batch_size * base.training.ppo_epochs
+    cells = {}
+    for seed in seeds:
+        for v in variants:
+            uses = common.load_bench_config(v, extra, args.preset)[0].decisions.value_pretrain_steps > 0
+            c = critics[seed]
+            if uses and c["rollouts"] >= args.budget:
+                raise SystemExit(f"--budget {args.budget} is used up by value pretraining ({c['rollouts']} rounds, "
+                                 f"seed {seed}): raise --budget or lower vapo.value_pretrain_steps")
+            more = (f"model.value_path={json.dumps(c['path'])}", "vapo.value_pretrain_steps=0") if uses else ()
+            cells[v, seed] = ((args.budget - (c["rollouts"] if uses else 0)) * upr, more, c if uses else None)
+    if args.jobs > 1:
+        done = run_cells(args, list(cells), 0, every, extra, {k: (n, m) for k, (n, m, _) in cells.items()})
+    else:
+        done = {k: common.run_variant(k[0], k[1], n, every, (*extra, *m), preset=args.preset)
+                for k, (n, m, _) in cells.items()}
+    runs = []
+    for (v, seed), (n, _, c) in cells.items():
+        r = done[v, seed]
+        r.update(variant=v, pretrain_rollouts=c["rollouts"] if c else 0, updates_per_rollout=upr,
+                 shared_critic=None if c is None else {k: c[k] for k in ("rounds", "responses", "wall_s")}
+                 | {"last_heldout_explained_var": (c["heldout_explained_var"] or [None])[-1]})
+        runs.append(r)
+        print(f"{v:>20} seed {seed}: {args.metric} {r['curve'][0][args.metric]:.3f} -> "
+              f"{r['curve'][-1][args.metric]:.3f}, {r['wall_s']:.0f} s", flush=True)
+    return runs
+
+
+def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, load0) -> Path:
+    table = paired.compare(runs, meta["variants"], args.metric, args.budget, args.target)
+    record = {"config": meta, "complete": True, "wall_s_total": round(time.time() - t0, 1),
+              "load_avg_start": load0, "load_avg_end": common.load_avg(), "design": "paired_budget",
+              "critics": {str(s): c for s, c in critics.items()}, "table": table, "runs": runs,
+              "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
+                            "arXiv 2504.05118); a different model and benchmark, shown for orientation only"}
+    path = common.write_record(record_name(meta["preset"]) + "_paired", record, Path(args.out) if args.out else None)
+    paired.plot(path.with_suffix(".png"), runs, meta["variants"], args.metric, args.budget,
+                f"paired ablation, preset {meta['preset']}, {args.budget} rollouts per row, seeds {meta['seeds']}")
+    return path
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     steps, seeds, every, extra = plan(args)
+    if args.pretrain_only:
+        return pretrain_critic(args, seeds[0], extra)
+    if args.budget:
+        variants = [v for v in args.variants.split(",") if v]
+        t0, load0 = time.time(), common.load_avg()
+        meta = {"preset": args.preset, "budget_rollouts": args.budget, "seeds": seeds, "eval_interval": every,
+                "metric": args.metric, "threshold": args.target, "variants": variants, "extra_overrides": list(extra),
+                "smoke": args.smoke}
+        runs = run_budget(args, seeds, variants, every, extra)
+        path = save_budget(args, meta, runs, shared_critics(args, seeds, extra), t0, load0)
+        print(f"wrote {path} and {path.with_suffix('.png')} in {time.time() - t0:.0f} s")
+        return json.loads(path.read_text(encoding="utf-8"))
     variants = [v for v in args.variants.split(",") if v]
     old = reusable(args.reuse, steps, every, args.preset, extra) if not args.smoke else {}
     t0, load0, runs = time.time(), common.load_avg(), []

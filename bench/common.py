@@ -145,9 +145,21 @@ def _mean_of(records: list[dict], name: str, kind: str = "train") -> float | Non
     return round(statistics.fmean(vals), 4) if vals else None
 
 
+def pooled_explained_var(records: list[dict]) -> float | None:
+    """The critic's EV pooled over the training steps: 1 − Σ(1 − EV)·var / Σ var (var = the step's return
+    variance), i.e. residual variance over return variance summed across steps, not a mean of ratios (a step
+    with near-constant returns has a wild ratio and almost no weight here)."""
+    pairs = [(r["critic/explained_var"], r["critic/return_var"]) for r in records if r.get("kind") == "train"
+             and isinstance(r.get("critic/explained_var"), (int, float)) and isinstance(r.get("critic/return_var"),
+                                                                                         (int, float))]
+    total = sum(v for _, v in pairs)
+    return round(1 - sum((1 - ev) * v for ev, v in pairs) / total, 4) if total > 0 else None
+
+
 def train_stats(records: list[dict]) -> dict:
     """Means over the training steps of the diagnostics the README discusses."""
     return {"mean_explained_var": _mean_of(records, "critic/explained_var"),
+            "pooled_explained_var": pooled_explained_var(records),
             "pretrain_explained_var_last": _last(records, "critic/pretrain_explained_var", "pretrain"),
             "mean_response_length": _mean_of(records, "rollout/response_length"),
             "mean_lambda_policy": _mean_of(records, "vapo/lambda_policy_mean"),

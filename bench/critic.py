@@ -94,7 +94,7 @@ def compare(preset: str, value_path: str, batch: int, extra: list[str]) -> dict:
     from vapo_engine.trainer.models import load_models, pick_device, resolve_model_path
     cfg = load_config(REPO / "config.toml", extra, preset=preset)
     task = get_task(cfg.data.train)
-    models = load_models(resolve_model_path(cfg.model.local_path, task=cfg.data.train), value_path=value_path,
+    models = load_models(resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train), value_path=value_path,
                          need_value=True, reference_path=None, device=pick_device("cpu"), autocast_dtype=None)
     torch.manual_seed(12345)
     problems = task.train_batch(batch // cfg.vapo.group_size, __import__("random").Random(777))

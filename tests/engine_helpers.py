@@ -13,10 +13,13 @@ FAST = ["training.total_steps=3", "training.batch_size=8", "vapo.group_size=2", 
         "training.mini_batch_size=8"]
 
 
-def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str = "run") -> Path:
+def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str = "run",
+             seed: int | None = None) -> Path:
     over = FAST + [f"model.local_path={str(model_dir)!r}".replace("'", '"'), *extra]
     cfg = load_config(ROOT / "config.toml", over, preset="cpu-demo")
     settings = load_settings(ROOT / "settings.json")
+    if seed is not None:
+        settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update={"seed": seed})})
     return create_run(cfg, settings, tmp_path / "runs", run_id=name).run_dir
 
 

@@ -268,7 +268,7 @@ def test_sampling_settings_that_make_ratios_approximate_warn():
     """The shipped top_p 0.95 samples from a nucleus the trainer's full-vocabulary log-probs do not renormalise
     over: `config check` says so with the fix; top_p 1 is silent; temperature 0 (greedy rollouts) warns."""
     from vapo_engine.config import config_warnings
-    keys = lambda cfg: {w.key: w for w in config_warnings(cfg)}  # noqa: E731
+    keys = lambda cfg: {w.key: w for w in config_warnings(cfg)}
     shipped = keys(load_config(ROOT / "config.toml"))
     assert "approximate" in shipped["model.top_p"].message and "top_p = 1.0" in shipped["model.top_p"].fix
     assert "model.top_p" not in keys(load_config(ROOT / "config.toml", preset="cpu-demo"))

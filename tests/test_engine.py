@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.conftest import ROOT
 from tests.engine_helpers import make_run
 from vapo_engine.metrics import CATALOGUE, read_metrics
-from vapo_engine.trainer.state_io import load_state
 from vapo_engine.variants import VARIANTS
 
 
@@ -32,7 +32,7 @@ def test_every_variant_runs_and_writes_metrics_and_checkpoint(tmp_path, model_di
     assert all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in train_recs)
     assert (run_dir / "checkpoints" / "step-0000003" / "DONE").is_file()
     assert (run_dir / "checkpoints" / "step-0000003" / "policy" / "model.safetensors").is_file()
-    has_value = variant not in ("grpo", "dapo")
+    has_value = variant not in ("grpo", "dapo", "rft")
     assert (run_dir / "checkpoints" / "step-0000003" / "value").is_dir() == has_value
     assert ("critic/value_loss" in train_recs[0]) == has_value  # EV itself is omitted when undefined (all-0 reward)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
@@ -53,9 +53,9 @@ def test_resume_after_kill_continues_identically(tmp_path, model_dir):
                        if r["kind"] == "train"})
     a, b = pick(full), pick(cut)
     assert a[3] == b[3] and a[4] == b[4]  # step 3 was redone from the step-2 checkpoint, step 4 continues
-    w_full = load_state(full / "checkpoints/step-0000004")["rng"]["torch"]
-    w_cut = load_state(cut / "checkpoints/step-0000004")["rng"]["torch"]
-    assert torch.equal(w_full, w_cut)
+    w_full = load_file(full / "checkpoints/step-0000004/policy/model.safetensors")
+    w_cut = load_file(cut / "checkpoints/step-0000004/policy/model.safetensors")
+    assert w_full.keys() == w_cut.keys() and all(torch.equal(w_full[k], w_cut[k]) for k in w_full)
 
 
 def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_dir):
@@ -68,7 +68,7 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
     tr = build_trainer(make_run(tmp_path, model_dir, ["vapo.value_learning_rate=1e-3", "training.warmup_steps=0"]),
                        write=False)
     torch.manual_seed(1)
-    ro = monte_carlo_returns(_collect(tr))
+    ro = monte_carlo_returns(_collect(tr, "pretrain")[0])
     ro.scores[: ro.size // 2] = 1.0  # give the fixed batch a learnable signal: first half "correct"
     from dataclasses import replace
 

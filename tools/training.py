@@ -116,7 +116,8 @@ def start_training(f: Files, *, preset: str | None = None, overrides: list[str] 
     overrides = [*overrides, *(provider.overrides() if provider else [])]
     cfg = prepare_config(f, preset, list(overrides))
     if value_only and not cfg.decisions.uses_critic:
-        raise ToolInputError("this config trains no value model (training.algorithm = grpo); use vapo or ppo")
+        raise ToolInputError(f"this config trains no value model (training.algorithm = {cfg.training.algorithm}); "
+                             "use vapo or ppo")
     extra = {"mode": "value_pretrain", "value_out": value_out} if value_only else {}
     return _submit(f, cfg, preset=preset, overrides=list(overrides), tags=list(tags), group_id=group_id,
                    variant=variant, extra=extra)

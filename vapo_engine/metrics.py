@@ -26,6 +26,8 @@ CATALOGUE: dict[str, str] = {
     "critic/value_loss": "value loss (0.5 · squared error to the critic targets)",
     "critic/explained_var": "explained variance of the value predictions vs Monte-Carlo returns (λ = 1), the same "
                             "target in every run so ablation rows compare; omitted when undefined (constant returns)",
+    "critic/return_var": "variance of the Monte-Carlo returns over the step's valid tokens (the denominator of "
+                         "critic/explained_var): EV pools over steps as 1 − Σ(1 − EV)·var / Σ var",
     "critic/explained_var_targets": "explained variance vs the targets the critic trains on (λ_critic, or λ_policy "
                                     "without Decoupled-GAE)",
     "critic/vf_clipfrac": "fraction of value predictions clipped (value_clip_range > 0)",
@@ -49,6 +51,9 @@ CATALOGUE: dict[str, str] = {
     "rollout/truncated_frac": "fraction of responses that hit max_tokens without EOS",
     "rollout/no_signal_groups": "fraction of prompt groups whose samples all got the same reward",
     "rollout/tokens_per_s": "generated tokens per second in the rollout",
+    "rollout/prompts_digest": "48-bit digest of the step's prompt list (the same on every rank): runs with the "
+                              "same seed draw the same prompts at the same step (trainer/streams.py), and records "
+                              "prove it",
     # vapo
     "vapo/lambda_policy_mean": "mean λ_policy of the batch (length-adaptive or lambda_base)",
     "vapo/lambda_policy_min": "smallest λ_policy of the batch",

@@ -13,7 +13,8 @@ Advantage estimators share one keyword-only signature::
   rewards); ``values``, the λs and ``gamma`` are ignored and returns are None.
 
 Policy losses share the signature of :func:`policy_loss_clip_higher`:
-``clip_higher`` (VAPO/DAPO, ε_low ≠ ε_high) and ``ppo_clip`` (symmetric, ε_high forced to ε_low).
+``clip_higher`` (VAPO/DAPO, ε_low ≠ ε_high), ``ppo_clip`` (symmetric, ε_high forced to ε_low) and ``none``
+(no policy-gradient term: rejection-sampling fine-tuning, whose loss is the positive-example NLL alone).
 No estimator whitens; the caller decides (globally under data parallel).
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .advantages import compute_gae, decoupled_gae, grpo_advantages
-from .losses import policy_loss_clip_higher, policy_loss_ppo_clip
+from .losses import policy_loss_clip_higher, policy_loss_none, policy_loss_ppo_clip
 from .stats import masked_sum
 
 Tensor = torch.Tensor
@@ -103,6 +104,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "clip_higher": policy_loss_clip_higher,
     "ppo_clip": policy_loss_ppo_clip,
+    "none": policy_loss_none,
 }
 
 
@@ -125,7 +127,7 @@ def get_advantage_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor | N
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """Look up a policy loss by name (``clip_higher``, ``ppo_clip``).
+    """Look up a policy loss by name (``clip_higher``, ``ppo_clip``, ``none``).
 
     Shapes: as :func:`vapo_engine.algo.losses.policy_loss_clip_higher`.
     Implements: the "w/o Clip-Higher" ablation switch. Unknown name → UnknownAlgorithmError listing the

@@ -1,16 +1,19 @@
 """The built-in tiny models of the CPU demos: the model and tokenizer (`model`), the supervised warm-start
-(`sft`) and the cached builds, one per built-in task (`build`). Worker-side (torch); the RL recipe in
-`vapo_engine.trainer` only asks for a directory (`builtin_model_dir`)."""
-from .build import (
-           BUILTIN_VERSION,
-           DONE_MARKER,
-           RECIPES,
-           BuildRecipe,
-           builtin_model_dir,
-           cache_root,
-           is_complete,
-)
-from .model import build_tokenizer, make_config, make_model, make_model_dir
+(`sft`), the recipes by name (`recipes`, torch-free) and the cached builds (`build`). Worker-side (torch) except
+`recipes`; the RL recipe in `vapo_engine.trainer` only asks for a directory (`builtin_model_dir`). Names resolve
+lazily, so `from vapo_engine.builtin_model.recipes import RECIPES` does not import torch."""
+from __future__ import annotations
 
-__all__ = ["BUILTIN_VERSION", "DONE_MARKER", "RECIPES", "BuildRecipe", "build_tokenizer", "builtin_model_dir",
-           "cache_root", "is_complete", "make_config", "make_model", "make_model_dir"]
+import importlib
+
+_WHERE = {"BUILTIN_VERSION": "recipes", "RECIPES": "recipes", "BuildRecipe": "recipes", "Phase": "recipes",
+          "DONE_MARKER": "build", "builtin_model_dir": "build", "cache_root": "build", "is_complete": "build",
+          "build_tokenizer": "model", "make_config": "model", "make_model": "model", "make_model_dir": "model"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

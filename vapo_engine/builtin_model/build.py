@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -23,102 +22,10 @@ from pathlib import Path
 import torch
 
 from .model import build_tokenizer, make_model
+from .recipes import RECIPES, BuildRecipe, Phase
 
-BUILTIN_VERSION = 1
-"""Bump whenever the tokenizer, architecture or an SFT recipe changes: it is part of the cache folder name."""
 DONE_MARKER = "BUILD_COMPLETE.json"
 """Written last inside a finished build; a folder without it is ignored and rebuilt."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    """A further warm-start phase (after phases 1-2, or after the `start` model): SFT on the task's RL
-    distribution with its own learning rate and stopping band, from the task's reference or from a teacher that
-    stops after `teacher_lines` lines (`teacher.StopEarlyTeacher`; its band then measures answers given the
-    teacher's way)."""
-
-    name: str
-    max_steps: int
-    lr: float
-    target: tuple[float, float]
-    val_buckets: tuple[str, ...] = ()
-    eval_every: int = 20
-    seed: int = 0
-    warmup_steps: int = 20
-    teacher_lines: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildRecipe:
-    """Everything that determines a built-in model; values other than the task's recipe in `RECIPES` get
-    their own cache folder."""
-
-    seed: int = 0
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    task: str = "builtin:addition"
-    max_steps: int = 2000
-    batch_size: int = 32
-    lr: float = 2e-3
-    eval_every: int = 25
-    val_size: int = 256
-    target_greedy: tuple[float, float] = (0.60, 0.75)
-    """Stop at >= the lower bound of greedy accuracy on the validation draw (the warm-start RL needs)."""
-    report_size: int = 500
-    length_buckets: bool = False
-    """Batch problems of similar length together (for tasks whose answers vary in length)."""
-    val_buckets: tuple[str, ...] = ()
-    """Difficulty buckets of the validation draw that the stopping rule looks at (all when empty)."""
-    phase2_max_steps: int = 0
-    """A second warm-start phase on the RL distribution (`task.train_batch`) of at most this many steps; 0 = none."""
-    phase2_val_buckets: tuple[str, ...] = ()
-    """Buckets the second phase's stopping rule looks at."""
-    phase2_target: tuple[float, float] = (0.10, 0.20)
-    """The second phase stops once greedy accuracy on its buckets reaches the lower bound."""
-    phase2_eval_every: int = 20
-    """Validation interval of the second phase (fine: accuracy on long chains can jump within 100 steps)."""
-    num_threads: int = 0
-    """torch threads during the build (0 = all available cores); restored afterwards."""
-    version: int = BUILTIN_VERSION
-    """Part of the folder name: a task's recipe that changes what it builds gets a new version."""
-    start: str = ""
-    """Key in `RECIPES` of a model this one continues (built and cached first): phases 1-2 are then skipped."""
-    phases: tuple[Phase, ...] = ()
-    """Further phases, run in order after phases 1-2 (or on the `start` model)."""
-
-    def folder_name(self) -> str:
-        base = next((r for r in RECIPES.values() if (r.task, r.version) == (self.task, self.version)),
-                    None) or BuildRecipe(task=self.task, version=self.version)
-        changed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                   if getattr(self, f.name) != getattr(base, f.name) and f.name != "num_threads"}
-        name = f"tiny-{self.task.removeprefix('builtin:')}-v{self.version}"
-        if not changed:
-            return name
-        return name + "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-_CHAIN_V1 = BuildRecipe(task="builtin:chain", max_steps=3000, eval_every=100, val_size=96, target_greedy=(0.95, 1.0),
-                        val_buckets=("short",), report_size=140, length_buckets=True, phase2_max_steps=3000,
-                        phase2_val_buckets=("long",), phase2_target=(0.10, 0.20))
-RECIPES: dict[str, BuildRecipe] = {
-    "builtin:addition": BuildRecipe(),
-    "builtin:chain@v1": _CHAIN_V1,
-    "builtin:chain": BuildRecipe(
-        task="builtin:chain", version=2, start="builtin:chain@v1", val_size=96, report_size=140, length_buckets=True,
-        phases=(Phase("solve", max_steps=900, lr=2e-4, target=(0.85, 1.0), val_buckets=("long",), eval_every=50,
-                      seed=11),
-                Phase("stop_early", max_steps=600, lr=2e-4, target=(0.85, 1.0), val_buckets=("long",),
-                      eval_every=10, seed=12, warmup_steps=5, teacher_lines=8))),
-}
-"""The recipe of each built-in task's model (keys are task names; `@vN` keys are earlier versions that a recipe
-starts from). builtin:chain v1, two phases: mostly short chains (`ChainTask.sft_batch`) until short ones are
-solved (≥ 95% greedy), then the RL distribution until long chains reach 10% greedy. Its long end fails on a
-skill (reading a sign from far back in a long prompt, bench/chain_lookup.py) that RL did not teach in 160 steps
-while 200 supervised steps did (0.11 → 0.85). v2 continues it: the RL distribution until long chains are solved
-(≥ 85% greedy on the validation draw), then a teacher that stops after 8 lines (`teacher.StopEarlyTeacher`)
-until 85% of long chains are answered its way: RL starts with short and mid chains solved, long ones at ~0%
-greedy and ~3% sampled (sparse reward), and what it must learn — keep going past line 8 — reward can teach."""
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -168,7 +75,6 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
     from vapo_engine.tasks import get_task
 
     from .sft import evaluate, sft_warm_start
-    from .teacher import StopEarlyTeacher
 
     t0 = time.perf_counter()
     random.seed(recipe.seed)
@@ -187,9 +93,8 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
                            seed=recipe.seed)
         sft = _phases_1_2(model, tokenizer, task, recipe, common, log)
     for phase in recipe.phases:
-        log(f"warm-start phase {phase.name!r}" + (f": a teacher that stops after {phase.teacher_lines} lines"
-                                                   if phase.teacher_lines else ""))
-        taught = StopEarlyTeacher(task, phase.teacher_lines) if phase.teacher_lines else task
+        taught = _teacher(task, phase)
+        log(f"warm-start phase {phase.name!r}" + (f": {taught!r}" if taught is not task else ""))
         out = sft_warm_start(model, tokenizer, taught, max_steps=phase.max_steps, target_greedy=phase.target,
                              val_buckets=phase.val_buckets, seed=phase.seed, draw=taught.train_batch,
                              warmup_steps=phase.warmup_steps,
@@ -210,6 +115,14 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=2))
     (tmp / DONE_MARKER).write_text(json.dumps({"version": recipe.version, "time": time.time()}))
     return metrics
+
+
+def _teacher(task, phase: Phase):
+    """What a phase learns from: the task's reference solutions, or one of the teachers of teacher.py."""
+    from .teacher import NoisyTeacher, StopEarlyTeacher
+    if phase.teacher_lines:
+        return StopEarlyTeacher(task, phase.teacher_lines)
+    return NoisyTeacher(task, phase.noise, seed=phase.seed) if phase.noise else task
 
 
 def _phases_1_2(model, tokenizer, task, recipe: BuildRecipe, common: dict, log: Callable[[str], None]) -> dict:

@@ -14,7 +14,7 @@ from .errors import FieldProblem
 from .lora_model import LoraConfig
 
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
-Algorithm = Literal["vapo", "ppo", "grpo"]
+Algorithm = Literal["vapo", "ppo", "grpo", "rft"]
 
 
 class ApiConfig(Section):
@@ -33,6 +33,10 @@ class ModelConfig(Section):
     """Provider model id for API calls (not the weights that are trained)."""
     local_path: str | None = None
     """Local Hugging Face causal-LM directory to train; unset = the built-in tiny model (offline, CPU)."""
+    builtin: str | None = Field(None, pattern=r"^builtin:[a-z0-9-]+(@[a-z0-9-]+)?$")
+    """Built-in model to start from when local_path is unset: unset = the training task's own (builtin:chain's
+    for builtin:chain, builtin:addition's otherwise); or a named one, e.g. "builtin:chain@planted-stop" (the
+    names and how each was built: vapo_engine/builtin_model/recipes.py)."""
     value_path: str | None = None
     """Optional separate directory to initialise the value model from; unset = from the policy weights."""
     temperature: float = Field(0.7, ge=0, le=5)
@@ -143,7 +147,9 @@ class TrainingConfig(Section):
     clip_range: float = Field(0.2, gt=0, lt=1)
     """PPO ε_low (paper 0.2)."""
     algorithm: Algorithm = "vapo"
-    """vapo (value model + decoupled/length-adaptive GAE), ppo (vanilla, one λ) or grpo (critic-free)."""
+    """vapo (value model + decoupled/length-adaptive GAE), ppo (vanilla, one λ), grpo (critic-free) or rft
+    (rejection-sampling fine-tuning: no policy gradient, only the positive-example NLL on the policy's own
+    correct samples, weighted by vapo.positive_lm_coef; a baseline)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available."""
 
@@ -232,7 +238,7 @@ class Decisions(Section):
     """length_adaptive: λ = clamp(1 − 1/(α·l), 0, 1) per sequence (VAPO); fixed: lambda_base."""
     lambda_critic: float | None
     """λ of the critic targets (None without a critic; λ_policy's value under plain gae is reported as None)."""
-    policy_loss: Literal["clip_higher", "ppo_clip"]
+    policy_loss: Literal["clip_higher", "ppo_clip", "none"]
     """The registered policy loss (vapo_engine.algo.registry)."""
     clip_low: float
     clip_high: float
@@ -252,7 +258,7 @@ class Decisions(Section):
     @classmethod
     def of(cls, c: TrainConfig) -> Decisions:
         v, t = c.vapo, c.training
-        estimator = "grpo" if t.algorithm == "grpo" else (
+        estimator = "grpo" if t.algorithm in ("grpo", "rft") else (
             "decoupled_gae" if t.algorithm == "vapo" and v.decoupled_gae else "gae")
         critic = estimator != "grpo"
         adaptive = t.algorithm == "vapo" and v.use_length_adaptive
@@ -260,11 +266,19 @@ class Decisions(Section):
         return cls(estimator=estimator, uses_critic=critic,
                    lambda_policy="length_adaptive" if adaptive else "fixed",
                    lambda_critic=v.lambda_critic if estimator == "decoupled_gae" else None,
-                   policy_loss="clip_higher" if clip_high > t.clip_range else "ppo_clip",
+                   policy_loss="none" if t.algorithm == "rft" else
+                   "clip_higher" if clip_high > t.clip_range else "ppo_clip",
                    clip_low=t.clip_range, clip_high=clip_high, loss_reduction=v.reduction,
                    value_pretrain_steps=v.value_pretrain_steps if critic else 0,
                    positive_lm_coef=v.positive_lm_coef, positive_replay=v.positive_replay and v.positive_lm_coef > 0,
                    whiten_advantages=v.whiten_advantages and estimator != "grpo")
+
+
+def _check_builtin(name: str | None) -> None:
+    from vapo_engine.builtin_model.recipes import RECIPES  # torch-free
+    if name is not None and name not in RECIPES:
+        raise FieldProblem("model.builtin", f"{name!r} is not a built-in model", "use one of "
+                           f"{', '.join(sorted(RECIPES))}, or unset it (the training task's own model)")
 
 
 class TrainConfig(Section):
@@ -299,6 +313,10 @@ class TrainConfig(Section):
         if t.algorithm == "grpo" and g < 2:
             raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
                                f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
+        _check_builtin(self.model.builtin)
+        if t.algorithm == "rft" and self.vapo.positive_lm_coef == 0:
+            raise FieldProblem("vapo.positive_lm_coef", "algorithm rft trains on the positive-example NLL alone, "
+                               "and its weight is 0", "set vapo.positive_lm_coef = 1.0 (or another algorithm)")
         d = self.distributed
         if d.strategy == "fsdp" and self.lora.enabled:
             raise FieldProblem("distributed.strategy", "fsdp with [lora] is not supported (the adapters are "

@@ -66,13 +66,14 @@ def special_ids(model, tokenizer) -> tuple[int, list[int]]:
 
 
 def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, do_sample: bool,
-                     pad: int, eos: list[int]) -> GenerationConfig:
+                     pad: int, eos: list[int], with_log_probs: bool = False) -> GenerationConfig:
     greedy = not do_sample or temperature <= 0
     # top_k=0 explicitly: otherwise transformers' global default (top_k=50) would truncate the distribution.
     sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
-        pad_token_id=pad, eos_token_id=eos if len(eos) > 1 else eos[0], **sampling,
+        pad_token_id=pad, eos_token_id=eos if len(eos) > 1 else eos[0], output_scores=with_log_probs,
+        return_dict_in_generate=with_log_probs, **sampling,
     )
 
 
@@ -89,10 +90,9 @@ def _eval_mode_with_clean_generation_config(model):
         model.train(was_training)
 
 
-def _tokenize_left(tokenizer, prompts: list[str], pad: int, device,
-                   fmt: PromptFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and mask, padded here (works for tokenizers without a pad token or padding side)."""
-    rows = encode_prompts(tokenizer, prompts, fmt)
+def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask of token-id rows, padded here (works for tokenizers without a pad token or
+    padding side)."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -135,11 +135,10 @@ def _lock_step(model) -> bool:
     return isinstance(model, FSDPModule) and torch.distributed.get_world_size() > 1
 
 
-def _generate_chunk(model, tokenizer, prompts, config, pad, eos, fmt, with_log_probs: bool):
-    prompt_ids, prompt_mask = _tokenize_left(tokenizer, prompts, pad, model.device, fmt)
+def _generate_chunk(model, rows: list[list[int]], config, pad, eos, with_log_probs: bool):
+    prompt_ids, prompt_mask = _left_pad(rows, pad, model.device)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config,
-                         synced_gpus=_lock_step(model), output_scores=with_log_probs,
-                         return_dict_in_generate=with_log_probs)
+                         synced_gpus=_lock_step(model))
     sequences = out.sequences if with_log_probs else out
     new_tokens = sequences[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, eos, pad)
@@ -154,25 +153,28 @@ def _sampler_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+def generate(model, tokenizer, prompts: list[str] | None, *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, do_sample: bool = True, batch_size: int | None = None,
-             prompt_format: PromptFormat | None = None, with_log_probs: bool = False) -> Generation:
+             prompt_format: PromptFormat | None = None, with_log_probs: bool = False,
+             prompt_ids: list[list[int]] | None = None) -> Generation:
     """Sample (or, with temperature 0 / do_sample=False, greedily decode) one response per prompt.
 
     `batch_size` splits the prompts into chunks for memory; results are re-padded to common widths.
-    `prompt_format` (vapo_engine.prompts) encodes the prompts; None = plain text, as-is. `with_log_probs`
-    also returns the sampler's log-probs of the drawn tokens (`Generation.log_probs`).
+    `prompt_format` (vapo_engine.prompts) encodes the prompts; None = plain text, as-is. `prompt_ids` gives
+    the prompts as token ids instead (`prompts` None; e.g. a prompt plus part of a response, to continue).
+    `with_log_probs` also returns the sampler's log-probs of the drawn tokens (`Generation.log_probs`).
     """
-    if not prompts:
+    if not (prompts if prompt_ids is None else prompt_ids):
         raise ValueError("generate() needs at least one prompt")
+    rows = prompt_ids if prompt_ids is not None else encode_prompts(tokenizer, prompts, prompt_format)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     pad, eos = special_ids(model, tokenizer)
-    config = _sampling_config(max_new_tokens, temperature, top_p, do_sample, pad, eos)
-    step = batch_size or len(prompts)
+    config = _sampling_config(max_new_tokens, temperature, top_p, do_sample, pad, eos, with_log_probs)
+    step = batch_size or len(rows)
     with _eval_mode_with_clean_generation_config(model):
-        chunks = [_generate_chunk(model, tokenizer, prompts[i:i + step], config, pad, eos, prompt_format,
-                                  with_log_probs) for i in range(0, len(prompts), step)]
+        chunks = [_generate_chunk(model, rows[i:i + step], config, pad, eos, with_log_probs)
+                  for i in range(0, len(rows), step)]
     p_width = max(c[0].shape[1] for c in chunks)
     r_width = max(1, max(int(c[3].sum(dim=-1).max().item()) for c in chunks))
     prompt_ids = torch.cat([_pad_to(c[0], p_width, pad, left=True) for c in chunks])

@@ -174,8 +174,8 @@ class MultistepTask(ArithmeticTask):
 
 
 def _builtin_tasks() -> dict:
-    from .chain import ChainTask
-    return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask}
+    from .chain import ChainTask, LongChainTask
+    return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask, "chain-long": LongChainTask}
 
 
 BUILTIN_TASKS = _builtin_tasks()

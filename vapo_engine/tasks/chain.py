@@ -36,6 +36,8 @@ LINE = 10
 BUCKETS = (("short", 1, 3), ("mid", 4, 8), ("long", 9, 26))
 _HELDOUT_FRACTION = 0.1
 _HELDOUT_SEED = 20251201
+_SALT = "builtin:chain"
+"""The hash split's salt: every chain task variant shares one train / held-out split."""
 
 
 class ChainTask:
@@ -67,7 +69,7 @@ class ChainTask:
         return key, Problem(id=f"chain-{key.replace(' ', '')}", prompt=key + "\n", answer=f"{total:02d}")
 
     def train_batch(self, n: int, rng: random.Random) -> list[Problem]:
-        return sample_split(self._make, n, rng, heldout=False, salt=self.name, fraction=_HELDOUT_FRACTION)
+        return sample_split(self._make, n, rng, heldout=False, salt=_SALT, fraction=_HELDOUT_FRACTION)
 
     def sft_batch(self, n: int, rng: random.Random) -> list[Problem]:
         """The first warm-start phase's problems: step counts drawn ∝ 1/steps, so most are short (56% have ≤ 3
@@ -78,7 +80,7 @@ class ChainTask:
         out = []
         for _ in range(n):
             steps = rng.choices(counts, weights)[0]
-            out += sample_split(lambda r, s=steps: self._make(r, s), 1, rng, heldout=False, salt=self.name,
+            out += sample_split(lambda r, s=steps: self._make(r, s), 1, rng, heldout=False, salt=_SALT,
                                 fraction=_HELDOUT_FRACTION)
         return out
 
@@ -89,7 +91,7 @@ class ChainTask:
         out, seen = [], set()
         for i in range(n):
             steps = counts[i % len(counts)]
-            for p in sample_split(lambda r, s=steps: self._make(r, s), 50, rng, heldout=True, salt=self.name,
+            for p in sample_split(lambda r, s=steps: self._make(r, s), 50, rng, heldout=True, salt=_SALT,
                                   fraction=_HELDOUT_FRACTION):
                 if p.prompt not in seen:
                     seen.add(p.prompt)
@@ -109,17 +111,33 @@ class ChainTask:
         n = self.steps_of(problem.prompt)
         return next(name for name, lo, hi in BUCKETS if lo <= n <= hi)
 
-    def solve(self, prompt: str, max_lines: int | None = None) -> str:
+    def solve(self, prompt: str, max_lines: int | None = None, flips: frozenset[int] = frozenset()) -> str:
         """The reference response for `prompt` (without EOS); with `max_lines`, the response of a solver that
-        stops after that many lines and answers the total so far (the warm-start's stop-early teacher)."""
+        stops after that many lines and answers the total so far (the planted-stop teacher); lines whose index
+        is in `flips` copy their operation's sign wrong and the lines after them carry the wrong total on
+        (`legal_flip` says which flips keep every total in 0–99)."""
         head, *ops = prompt.split()
         total, lines = int(head), []
-        for op in ops[:max_lines]:
+        for i, op in enumerate(ops[:max_lines]):
             label, sign, d = op[0], op[1], int(op[2])
+            if i in flips:
+                sign = "-" if sign == "+" else "+"
             new = total + d if sign == "+" else total - d
             lines.append(f"{label} {total:02d}{sign}{d}={new:02d}")
             total = new
         return "\n".join(lines) + "\n" + BUILTIN_ANSWER_MARK + f"{total:02d}"
+
+    @staticmethod
+    def legal_flip(prompt: str, flips: frozenset[int], line: int) -> bool:
+        """Whether flipping the sign of `line` as well as `flips` keeps every running total in 0–99."""
+        head, *ops = prompt.split()
+        total = int(head)
+        for i, op in enumerate(ops):
+            sign = op[1] if i not in flips | {line} else ("-" if op[1] == "+" else "+")
+            total = total + int(op[2]) if sign == "+" else total - int(op[2])
+            if not 0 <= total <= 99:
+                return False
+        return True
 
     def reference_solution(self, problem: Problem) -> str:
         return self.solve(problem.prompt)
@@ -131,3 +149,14 @@ class ChainTask:
 
     def __repr__(self) -> str:
         return f"ChainTask(steps={self.min_steps}..{self.max_steps})"
+
+
+class LongChainTask(ChainTask):
+    """`builtin:chain-long`: the long end of `builtin:chain` alone (9–14 steps), on the same train / held-out
+    split. As an evaluation benchmark it spends every held-out problem on the bucket where RL has the most to
+    do (96 long problems cost what 224 mixed ones would)."""
+
+    name = "builtin:chain-long"
+
+    def __init__(self):
+        super().__init__(min_steps=9, max_steps=14)

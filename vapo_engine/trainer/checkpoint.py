@@ -15,12 +15,9 @@ the base model (`lora.py`).
 from __future__ import annotations
 
 import os
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from vapo_engine.errors import UserError
 from vapo_engine.rundir import RunDir, write_manifest
@@ -98,16 +95,3 @@ def load_newest(run_dir: Path, load: Callable[[Path, dict], object], log=print):
     raise NoUsableCheckpoint(f"no usable checkpoint in {run_dir}: {'; '.join(skipped)}; start the run again "
                              "(start_training / vapo-mcp train), or restore the damaged files")
 
-
-def rng_state(rng: random.Random) -> dict:
-    state = {"python": rng.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict, rng: random.Random) -> None:
-    rng.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["cuda"]))

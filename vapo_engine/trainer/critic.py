@@ -19,6 +19,7 @@ import statistics
 
 from vapo_engine.algo import ev_from_stats, ev_stats
 
+from . import streams
 from .advantages import monte_carlo_returns
 from .fsdp import export_hf, is_sharded
 from .lora import save_plain
@@ -37,11 +38,16 @@ def explained_var(name: str, values, targets, mask, world) -> dict[str, float]:
 
 
 def mc_explained_var(ro, world, name: str = "critic/explained_var") -> dict[str, float]:
-    """EV of the rollout's old values against Monte-Carlo returns (λ = 1: the sequence reward everywhere)."""
+    """EV of the rollout's old values against Monte-Carlo returns (λ = 1: the sequence reward everywhere), and
+    the returns' variance over the valid tokens (`critic/return_var`): with both, EV pools over steps as
+    1 − Σ (1 − EV)·var / Σ var instead of averaging ratios."""
     if ro.values is None:
         return {}
     mc = monte_carlo_returns(ro).returns
-    return explained_var(name, ro.values, mc, ro.response_mask, world)
+    st = world.sum(ev_stats(ro.values, mc, ro.response_mask))
+    ev, n = float(ev_from_stats(st)), float(st[0].clamp(min=1))
+    var = float(st[2] / n - (st[1] / n) ** 2)
+    return ({name: ev} if math.isfinite(ev) else {}) | {"critic/return_var": max(var, 0.0)}
 
 
 def ev_breakdown(ro, world, prefix: str) -> dict[str, float]:
@@ -61,13 +67,15 @@ def ev_breakdown(ro, world, prefix: str) -> dict[str, float]:
 
 def value_pretrain_round(tr, collect, minibatches) -> dict[str, float]:
     """One value-pretraining round (see the module docstring); returns its metrics."""
-    ro = monte_carlo_returns(collect(tr))
+    ro, prompts_digest = collect(tr, "pretrain")
+    ro = monte_carlo_returns(ro)
     metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask, tr.world)
     metrics |= ev_breakdown(ro, tr.world, "critic/pretrain_")
     mini_size = tr.cfg.mini_batch_size // tr.world.world_size
     losses = []
+    shuffle = streams.generator(tr.info.seed, "shuffle", "pretrain", tr.pretrain_step, tr.world.rank)
     for _ in range(tr.cfg.vapo.value_pretrain_epochs):
-        for idx in minibatches(ro.size, mini_size):
+        for idx in minibatches(ro.size, mini_size, shuffle):
             m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro.rows(idx), None, tr.spec,
                             train_actor=False, reduce_sum=tr.world.sum, sync_grads=tr.world.sync_gradients,
                             reduce_max=tr.world.max_int)
@@ -77,7 +85,8 @@ def value_pretrain_round(tr, collect, minibatches) -> dict[str, float]:
     _track_plateau(tr, metrics.get("critic/pretrain_explained_var"))
     metrics |= tr.world.reduce_metrics({"critic/pretrain_value_loss": sum(losses) / len(losses)}, "sum")
     metrics |= tr.world.reduce_metrics({"rollout/accuracy": float(ro.correct.float().mean()),
-                                        "critic/pretrain_updates": float(len(losses))})
+                                        "critic/pretrain_updates": float(len(losses)),
+                                        "rollout/prompts_digest": prompts_digest})
     return metrics
 
 

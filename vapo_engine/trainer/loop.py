@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 from vapo_engine.rollout.evaluate import Split, evaluate
-from vapo_engine.rollout.experience import attach_old_outputs, from_token_ids, sample_rollout
+from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids, sample_rollout
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
+from . import streams
 from .advantages import add_advantages
 from .checkpoint import save_checkpoint
 from .critic import (
@@ -38,6 +39,7 @@ from .fsdp import is_sharded
 from .replay import replay_count
 from .setup import Trainer, build_trainer
 from .sharded_checkpoint import save_sharded
+from .streams import PHASES
 from .update import update_step
 
 
@@ -81,16 +83,18 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
 def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
-    ro = _collect(tr, ask_provider=True)
+    ro, prompts_digest = _collect(tr, "policy", ask_provider=True)
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.world.sum)
+    metrics["rollout/prompts_digest"] = prompts_digest
     metrics.update(_rollout_metrics(ro, tr.cfg.vapo.group_size, tr.world))
     if ro.values is not None:
         metrics |= mc_explained_var(ro, tr.world)
         metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.response_mask, tr.world)
     t1 = time.perf_counter()
     updates, mini_size = [], tr.cfg.mini_batch_size // tr.world.world_size
+    shuffle = streams.generator(tr.info.seed, "shuffle", "policy", tr.rollout_step, tr.world.rank)
     for _ in range(tr.cfg.training.ppo_epochs):
-        for idx in _minibatches(ro.size, mini_size):
+        for idx in _minibatches(ro.size, mini_size, shuffle):
             if tr.step >= tr.cfg.training.total_steps:
                 break
             updates.append(_one_update(tr, ro.rows(idx)))
@@ -118,19 +122,23 @@ SUMMED_ACROSS_RANKS = frozenset({"actor/pg_loss", "actor/positive_nll", "actor/k
                                  "vapo/replay_samples"})
 
 
-def _collect(tr: Trainer, ask_provider: bool = False):
-    """Every rank draws the same global prompt list (shared task RNG) and samples its own slice of groups,
-    so the global batch does not depend on the world size and a group never spans ranks."""
-    cfg, w = tr.cfg, tr.world
-    prompts = tr.task.train_batch(cfg.prompts_per_step, tr.rng)
+def _collect(tr: Trainer, phase: str, ask_provider: bool = False) -> tuple[Rollout, float]:
+    """A rollout of `phase` ("policy" step or value-"pretrain" round) and the digest of its prompt list. Every
+    rank draws the same global prompt list (the phase's prompt stream at this step, trainer/streams.py) and
+    samples its own slice of groups, so the global batch does not depend on the world size and a group never
+    spans ranks."""
+    cfg, w, seed = tr.cfg, tr.world, tr.info.seed
+    index = tr.rollout_step if phase == "policy" else tr.pretrain_step
+    prompts = tr.task.train_batch(cfg.prompts_per_step, streams.rng(seed, f"{phase}_prompts", index))
     if ask_provider:  # policy steps only (not value pretraining); rank 0: answers arrive in the background
         tr.provider.submit(prompts)
     share = cfg.prompts_per_step // w.world_size
     mine = prompts[w.rank * share:(w.rank + 1) * share]
     problems = [p for p in mine for _ in range(cfg.vapo.group_size)]
-    ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
-                        temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
-    return attach_old_outputs(tr.models, ro, cfg.micro_batch_size)
+    with streams.seeded(seed, "sampling", PHASES.index(phase), index, w.rank, device=tr.models.device):
+        ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
+                            temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
+    return attach_old_outputs(tr.models, ro, cfg.micro_batch_size), streams.digest([p.prompt for p in prompts])
 
 
 def _one_update(tr: Trainer, mini) -> dict[str, float]:
@@ -138,7 +146,7 @@ def _one_update(tr: Trainer, mini) -> dict[str, float]:
     v = tr.cfg.vapo
     if tr.cfg.decisions.positive_replay:
         n = replay_count(int(mini.correct.sum()), v.replay_ratio, len(tr.replay))
-        pairs = tr.replay.sample(n, tr.replay_rng)
+        pairs = tr.replay.sample(n, streams.rng(tr.info.seed, "replay", tr.step, tr.world.rank))
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device,
                                 temperature=tr.cfg.model.temperature) if pairs else None
     m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, train_critic=tr.uses_critic,
@@ -153,8 +161,8 @@ def _one_update(tr: Trainer, mini) -> dict[str, float]:
     return m
 
 
-def _minibatches(n: int, size: int) -> list[torch.Tensor]:
-    perm = torch.randperm(n) if size < n else torch.arange(n)
+def _minibatches(n: int, size: int, gen: torch.Generator) -> list[torch.Tensor]:
+    perm = torch.randperm(n, generator=gen) if size < n else torch.arange(n)
     return [perm[s:s + size] for s in range(0, n, size)]
 
 
@@ -190,7 +198,7 @@ def _evaluate(tr: Trainer, on_record) -> dict[str, float]:
         m = evaluate(tr.models, tr.eval_task, num_problems=c.eval.num_problems,
                      samples_per_problem=c.eval.samples_per_problem, max_new_tokens=c.model.max_tokens,
                      temperature=c.model.temperature, top_p=c.model.top_p,
-                     seed=tr.info.seed + 7919 * tr.step, prompt_format=tr.eval_prompts,
+                     seed=streams.seed_of(tr.info.seed, "eval", tr.step), prompt_format=tr.eval_prompts,
                      split=Split(w.rank, w.world_size, w.sum) if sharded else None)
     if w.is_main:
         on_record(tr.logger.log(tr.step, "eval", m))

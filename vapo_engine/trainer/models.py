@@ -66,8 +66,8 @@ def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:addition") -> Path:
-    """The directory to load: `local_path`, or the cached built-in tiny model of the training `task` (built on
-    first use; tasks without a model of their own use builtin:addition's)."""
+    """The directory to load: `local_path`, or the cached built-in tiny model named `task` (a training task, or a
+    `model.builtin` name; built on first use; tasks without a model of their own use builtin:addition's)."""
     if local_path:
         p = Path(local_path).expanduser()
         if not (p / "config.json").is_file():

@@ -1,7 +1,7 @@
 """Build everything a run needs from its run directory: models, optimizers, schedules, tasks, replay,
 random streams and the metrics sink — fresh, or restored from the newest complete checkpoint.
 
-AdamW for actor and critic with warmup-then-constant learning rates (SPEC §3), over the parameters that train
+AdamW for actor and critic with warmup-then-constant learning rates, over the parameters that train
 (all of them, or the LoRA adapters and value head with [lora]). The reference model is always the *initial*
 policy, also on resume (with LoRA: the policy with its adapters switched off). The prompt format
 (vapo_engine.prompts: the chat template or plain text) is resolved once, from the loaded tokenizer, for the
@@ -10,7 +10,6 @@ This file does not run the loop.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.tasks import get_task
 
-from .checkpoint import load_newest, restore_rng
+from .checkpoint import load_newest
 from .distributed import World, init_world
 from .fsdp import is_sharded, load_full_optimizer_state, shard_models
 from .logger import MetricsLogger, NullLogger
@@ -49,11 +48,9 @@ class Trainer:
     task: object
     eval_task: object
     replay: ReplayBuffer
-    rng: random.Random
     logger: object
     spec: UpdateSpec
     world: World = field(default_factory=World)
-    replay_rng: random.Random = field(default_factory=random.Random)
     provider: object = field(default_factory=NullProviderSamples)
     prompts: PromptFormat = PLAIN
     """How the training task's prompts are encoded (rollouts, replayed provider answers)."""
@@ -69,13 +66,13 @@ class Trainer:
         return self.models.value is not None
 
     def state_dict(self) -> dict:
-        from .checkpoint import rng_state
+        """What a checkpoint keeps besides the weights (no generator state: every random draw comes from a
+        stream seeded by the run seed and the step, trainer/streams.py)."""
         return {"step": self.step, "pretrain_step": self.pretrain_step, "rollout_step": self.rollout_step,
                 "opt_actor": self.opt_actor.state_dict(), "sched_actor": self.sched_actor.state_dict(),
                 "opt_critic": self.opt_critic.state_dict() if self.opt_critic else None,
                 "sched_critic": self.sched_critic.state_dict() if self.sched_critic else None,
-                "replay": self.replay.state_dict(), "rng": rng_state(self.rng),
-                "replay_rng": self.replay_rng.getstate(), "history": self.history,
+                "replay": self.replay.state_dict(), "history": self.history,
                 "world_size": self.world.world_size}
 
 
@@ -133,7 +130,7 @@ def _model_name(cfg: TrainConfig, base: Path) -> str:
 def _base_model(cfg: TrainConfig, world: World, log) -> Path:
     """The initial weights; rank 0 builds the built-in tiny model once while the others wait, then every
     rank resolves the (now cached) path itself — nothing but tensors crosses ranks."""
-    task = cfg.data.train.strip()
+    task = cfg.model.builtin or cfg.data.train.strip()  # the built-in model to start from (local_path unset)
     if world.is_main:
         base = resolve_model_path(cfg.model.local_path, log=log, task=task)
     world.barrier()
@@ -173,8 +170,7 @@ def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World, tas
                               weight_decay=t.weight_decay) if models.value is not None else None
     return Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
                    _warmup_constant(opt_c, t.warmup_steps) if opt_c else None, *tasks,
-                   ReplayBuffer(cfg.vapo.replay_buffer_size), random.Random(info.seed),
-                   NullLogger(), update_spec(cfg, world), world, random.Random(info.seed + 7 + world.rank))
+                   ReplayBuffer(cfg.vapo.replay_buffer_size), NullLogger(), update_spec(cfg, world), world)
 
 
 def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
@@ -185,12 +181,7 @@ def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
         tr.sched_critic.load_state_dict(st["sched_critic"])
     tr.replay.load_state_dict(st["replay"])
     tr.history = st.get("history", {})
-    restore_rng(st["rng"], tr.rng)
-    if st.get("world_size", 1) == tr.world.world_size and tr.world.is_main:
-        tr.replay_rng.setstate(st["replay_rng"])
-    else:  # other ranks (or another world size): fresh, reproducible streams for this rank and step
-        torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)
-        tr.replay_rng.seed(tr.info.seed + 7 + tr.world.rank + 7919 * tr.step)
+    torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)  # e.g. adapter dropout
     return tr
 
 
