@@ -67,16 +67,17 @@ def _load(path: str | None, smoke: bool):
         from vapo_engine.builtin_model.model import build_tokenizer, make_model
         tok = build_tokenizer()
         return make_model(tok, hidden=16, layers=1, heads=2, seed=0).eval(), tok, "random hidden-16 model"
-    if path is None:
+    name = path or "builtin:chain"
+    if name.startswith("builtin:"):  # a built-in model by name (recorded as its name, not a cache path)
         from vapo_engine.builtin_model import builtin_model_dir
-        path = str(builtin_model_dir(task="builtin:chain"))
-    return AutoModelForCausalLM.from_pretrained(path).eval(), load_tokenizer(path), path
+        path = str(builtin_model_dir(task=name))
+    return AutoModelForCausalLM.from_pretrained(path).eval(), load_tokenizer(path), name
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--policy", action="append", default=[], help="policy directory (repeatable; default: the "
-                    "built-in chain model, and it is always measured first)")
+    ap.add_argument("--policy", action="append", default=[], help="policy directory or built-in model name, e.g. "
+                    "builtin:chain@v1 (repeatable; the default chain model builtin:chain is always measured first)")
     ap.add_argument("--per-length", type=int, default=30, help="held-out problems per step count (default 30)")
     ap.add_argument("--smoke", action="store_true", help="a tiny random model on 2 problems per length")
     ap.add_argument("--out", default=None, help="output folder (default bench/results)")

@@ -191,11 +191,24 @@ def spread(values: list[float | None]) -> dict:
             "min": round(min(v), 4), "max": round(max(v), 4), "n": len(v)}
 
 
+def git_commit() -> str | None:
+    """The repository's HEAD commit, "+changes" when the working tree differs from it (None outside git)."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10,
+                              check=False)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
 def write_record(name: str, record: dict, out_dir: Path | None = None) -> Path:
     """Write `<out_dir>/<name>.json` (default bench/results) with machine info and the command line."""
     out_dir = Path(out_dir or RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)
-    full = {"benchmark": name, "command": command_line(), "machine": machine_info(),
+    full = {"benchmark": name, "command": command_line(), "machine": machine_info(), "commit": git_commit(),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
     path = out_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")

@@ -1,18 +1,17 @@
 """How much of the return variance a critic can explain on a built-in task, and how much ours does.
 
-1. Sweep (measured, not guessed): value pretraining alone (`vapo-mcp pretrain-value`'s code path) from the
-   warm-started policy of the preset, for each critic learning rate × warm-up given, with the preset's
-   mini-batches; the held-out explained variance of every round (measured on a fresh rollout *before* the
-   critic trains on it) is the curve.
-2. On one fresh batch of rollouts of the same initial policy, EV against Monte-Carlo returns of
-   - the best critic of the sweep, and
-   - a near-best value function: V*(prefix) = the policy's own probability of finishing on the reference
-     solution from that prefix (teacher-forced, exact for temperature-1 sampling), and 0 once the prefix has
-     left the reference (on builtin:chain a response off the reference path practically never ends right).
-   Both by position quarter of the response and by response length, so the gap is a number, and where it is.
+1. Value pretraining alone (`vapo-mcp pretrain-value`'s code path) from the warm-started policy of the preset,
+   for each critic learning rate × warm-up × passes given; the held-out explained variance of every round
+   (measured on a fresh rollout *before* the critic trains on it) is the curve.
+2. The ceiling, on held-out prompts (`--prompts` × `--group` responses of the same initial policy): at every line
+   start and right after every line's sign (the decision a noisy warm start gets wrong), the Monte-Carlo value
+   of the state — the mean reward of `--continuations` continuations sampled from it — and the critic's value,
+   both against the response's return. EV is pooled over all states of a kind (never averaged per response),
+   overall and within prompt groups (what a per-prompt baseline leaves to explain). The true value function's
+   EV, the ceiling any critic can reach, is the Monte-Carlo values' EV with their sampling noise taken out.
 
-    .venv/bin/python bench/critic.py [--preset chain-demo] [--lrs 1e-4,3e-4,1e-3] [--warmups 0,10]
-                                     [--rounds 30] [--eval-batch 256] [--smoke] [--out DIR]
+    .venv/bin/python bench/critic.py [--preset chain-noisy-sft] [--lrs 1e-3] [--epochs 4] [--rounds 20]
+                                     [--prompts 32 --group 4 --continuations 8] [--smoke] [--out DIR]
 """
 from __future__ import annotations
 
@@ -49,85 +48,136 @@ def sweep_run(preset: str, lr: float, warmup: int, epochs: int, rounds: int, ext
                                                                     if k.startswith("critic/pretrain_ev_")}}
 
 
-def near_best_values(models, task, ro):
-    """V*(state before response token t) per row: exp(Σ_{s≥t} log π(ref_s | ref_<s)) while the sampled prefix
-    equals the reference, else 0. (N, R) like `ro.values`."""
-    import torch
+def states_of(tok, resp: list[int]) -> list[tuple[int, str]]:
+    """(b, kind) of the states measured in one response (b = tokens of it already written): "line" before each
+    line (b = 0 and after every newline) and "decision" right after each line's sign (`a 47+8=55`: the 5th
+    character), where a wrong copy of the sign has just been made. Built-in character tokenizer: one token per
+    character."""
+    chars = [tok.decode([t]) for t in resp]
+    out, start = [(0, "line")], 0
+    for k, c in enumerate(chars):
+        if c == "\n":
+            if start + 5 <= k:
+                out.append((start + 5, "decision"))
+            start = k + 1
+            if start < len(resp):
+                out.append((start, "line"))
+    return sorted(out)
 
-    from vapo_engine.rollout.experience import from_token_ids, response_log_probs
-    tok, p = models.tokenizer, ro.prompt_len
-    pairs, refs = [], []
-    for i in range(ro.size):
-        prompt_ids = ro.input_ids[i, :p][ro.attention_mask[i, :p].bool()].tolist()
-        prompt = tok.decode(prompt_ids, skip_special_tokens=True)
-        ref = tok(task.solve(prompt), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        pairs.append((prompt_ids, ref))
-        refs.append(ref)
-    ref_ro = from_token_ids(pairs, tok.pad_token_id, models.device)
-    with torch.no_grad():
-        lp, _ = response_log_probs(models.policy, ref_ro)
-    lp = lp * ref_ro.response_mask
-    suffix = lp.flip(1).cumsum(1).flip(1)  # S_t = Σ_{s ≥ t}
-    out = torch.zeros_like(ro.response_mask)
-    resp = ro.input_ids[:, p:]
-    for i, ref in enumerate(refs):
-        n = int(ro.response_mask[i].sum())
-        k = 0
-        while k < min(n, len(ref)) and int(resp[i, k]) == ref[k]:
-            k += 1
-        on = min(k + 1, n, len(ref))  # states before tokens 0..k are on the reference path
-        out[i, :on] = suffix[i, :on].exp()
+
+def mc_values(models, task, ro, problems, states, m: int, cfg, seed: int) -> list[float]:
+    """Monte-Carlo value of each state (row, b): the mean reward of `m` continuations sampled from the policy at
+    the run's temperature, each allowed the tokens the original response had left."""
+    from vapo_engine.rollout.generate import generate
+    from vapo_engine.trainer import streams
+    tok, p, cap = models.tokenizer, ro.prompt_len, cfg.model.max_tokens
+    resp = [ro.input_ids[i, p:p + int(ro.response_mask[i].sum())].tolist() for i in range(ro.size)]
+    prompt = [ro.input_ids[i, :p][ro.attention_mask[i, :p].bool()].tolist() for i in range(ro.size)]
+    order = sorted(range(len(states)), key=lambda k: states[k][1])
+    rewards = [0.0] * len(states)
+    chunk = max(1, 512 // m)
+    for c0 in range(0, len(order), chunk):
+        ks = order[c0:c0 + chunk]
+        rows = [prompt[states[k][0]] + resp[states[k][0]][:states[k][1]] for k in ks for _ in range(m)]
+        with streams.seeded(seed, "critic_ceiling", c0):
+            gen = generate(models.policy, tok, None, prompt_ids=rows, max_new_tokens=cap - states[ks[0]][1],
+                           temperature=cfg.model.temperature, top_p=cfg.model.top_p)
+        lengths = gen.response_mask.sum(1).long().tolist()
+        for j, k in enumerate(ks):
+            i, b = states[k]
+            total = 0.0
+            for r in range(j * m, (j + 1) * m):
+                cont = gen.response_ids[r, :min(lengths[r], cap - b)].tolist()
+                total += task.reward(tok.decode(resp[i][:b] + cont, skip_special_tokens=True), problems[i].answer)
+            rewards[k] = total / m
+    return rewards
+
+
+def ev_table(ret: list[float], critic: list[float], mc: list[float], groups: list[int], m: int) -> dict:
+    """Explained variance of the critic and of the Monte-Carlo values against the returns, pooled over the
+    states given: overall and within prompt groups (each prompt's mean removed from returns and residuals: what
+    a per-prompt baseline such as GRPO's leaves to explain). `ceiling` is the EV of the true value function,
+    estimated from the m-sample Monte-Carlo values with their sampling noise taken out (E[(R − V̂)²] =
+    E[(R − V)²] + E[V(1 − V)]/m, and V̂(1 − V̂)/(m − 1) estimates the last term without bias; within a group the
+    group's mean of that noise is removed too, so (1 − 1/n) of it remains)."""
+    size = {g: groups.count(g) for g in set(groups)}
+    out = {"states": len(ret), "continuations": m}
+    for name, within in (("overall", False), ("within_prompt", True)):
+        ss = _sq(_centre(ret, groups, within))
+        if ss <= 1e-12:
+            out[name] = None
+            continue
+        noise = sum(v * (1 - v) / (m - 1) * ((1 - 1 / size[g]) if within else 1.0)
+                    for v, g in zip(mc, groups)) if m > 1 else 0.0
+        ev = {k: 1 - _sq(_centre([r - x for r, x in zip(ret, pred)], groups, within)) / ss
+              for k, pred in (("critic", critic), ("monte_carlo", mc))}
+        out[name] = {**ev, "ceiling": ev["monte_carlo"] + noise / ss}
     return out
 
 
-def compare(preset: str, value_path: str, batch: int, extra: list[str]) -> dict:
-    """EV of the critic at `value_path` and of the near-best V* on one fresh batch of the initial policy."""
-    from dataclasses import replace
+def _centre(xs: list[float], groups: list[int], within: bool) -> list[float]:
+    """`xs` minus their mean (within: minus the mean of their group)."""
+    import statistics
+    keys = groups if within else [0] * len(xs)
+    means = {g: statistics.fmean([x for x, h in zip(xs, keys) if h == g]) for g in set(keys)}
+    return [x - means[g] for x, g in zip(xs, keys)]
 
+
+def _sq(xs: list[float]) -> float:
+    return sum(x * x for x in xs)
+
+
+def ceiling(preset: str, value_path: str, n_prompts: int, group: int, m: int, extra: list[str]) -> dict:
+    """On held-out prompts (`group` responses each, the initial policy): the critic's values and Monte-Carlo
+    values (`m` continuations) at every line start and right after every sign, against the returns."""
     import torch
 
-    from vapo_engine.algo import ev_from_stats, ev_stats
     from vapo_engine.config import load_config
     from vapo_engine.rollout.experience import response_values, sample_rollout
     from vapo_engine.tasks import get_task
-    from vapo_engine.trainer.advantages import monte_carlo_returns
+    from vapo_engine.trainer import streams
     from vapo_engine.trainer.models import load_models, pick_device, resolve_model_path
     cfg = load_config(REPO / "config.toml", extra, preset=preset)
     task = get_task(cfg.data.train)
-    models = load_models(resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train), value_path=value_path,
-                         need_value=True, reference_path=None, device=pick_device("cpu"), autocast_dtype=None)
-    torch.manual_seed(12345)
-    problems = task.train_batch(batch // cfg.vapo.group_size, __import__("random").Random(777))
-    ro = sample_rollout(models, task, [q for q in problems for _ in range(cfg.vapo.group_size)],
-                        max_new_tokens=cfg.model.max_tokens, temperature=cfg.model.temperature, top_p=cfg.model.top_p)
+    models = load_models(resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train),
+                         value_path=value_path, need_value=True, reference_path=None, device=pick_device("cpu"),
+                         autocast_dtype=None)
+    problems = [q for q in task.heldout(n_prompts) for _ in range(group)]
+    with streams.seeded(1, "critic_rollout", 0):
+        ro = sample_rollout(models, task, problems, max_new_tokens=cfg.model.max_tokens,
+                            temperature=cfg.model.temperature, top_p=cfg.model.top_p)
     with torch.no_grad():
-        critic = response_values(models.value, ro)
-    mc = monte_carlo_returns(replace(ro, values=critic)).returns  # λ = γ = 1: the values do not enter
-    star = near_best_values(models, task, ro)
-    from vapo_engine.trainer.critic import LENGTH_BUCKETS
-    mask = ro.response_mask
-    lengths = mask.sum(1, keepdim=True)
-    pos = (mask.cumsum(1) - 1).clamp(min=0) / lengths.clamp(min=1)
-    parts = {"all": mask}
-    parts |= {f"pos_q{q + 1}": mask * ((pos >= q / 4) & (pos < (q + 1) / 4)) for q in range(4)}
-    parts |= {f"len_{b}": mask * ((lengths >= lo) & (lengths <= hi)) for b, lo, hi in LENGTH_BUCKETS}
-    def ev(v, m):  # None where undefined (an empty bucket, constant returns): omitted, never a number
-        x = float(ev_from_stats(ev_stats(v, mc, m.float())))
-        return x if math.isfinite(x) else None
-    rows = {name: {"critic": ev(critic, m), "near_best": ev(star, m)} for name, m in parts.items()}
-    return {"batch": ro.size, "accuracy": float(ro.correct.float().mean()), "ev": rows,
-            "mean_response_length": float(lengths.float().mean())}
+        values = response_values(models.value, ro)
+    p = ro.prompt_len
+    states = [(i, b, kind) for i in range(ro.size)
+              for b, kind in states_of(models.tokenizer, ro.input_ids[i, p:p + int(ro.response_mask[i].sum())].tolist())]
+    t0 = time.perf_counter()
+    mc = mc_values(models, task, ro, problems, [(i, b) for i, b, _ in states], m, cfg, seed=1)
+    seconds = time.perf_counter() - t0
+    ret = [float(ro.scores[i]) for i, _, _ in states]
+    crit = [float(values[i, b]) for i, b, _ in states]
+    grp = [i // group for i, _, _ in states]
+    by_kind = {}
+    for kind in ("all", "line", "decision"):
+        sel = [k for k, (_, _, c) in enumerate(states) if kind in ("all", c)]
+        by_kind[kind] = ev_table([ret[k] for k in sel], [crit[k] for k in sel], [mc[k] for k in sel],
+                                 [grp[k] for k in sel], m)
+    return {"prompts": n_prompts, "group": group, "responses": ro.size, "continuations": m,
+            "accuracy": float(ro.correct.float().mean()), "mean_response_length": float(ro.lengths.float().mean()),
+            "monte_carlo_seconds": round(seconds, 1), "ev": by_kind}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="chain-demo")
-    ap.add_argument("--lrs", default="1e-4,3e-4,1e-3,3e-3", help="critic learning rates to sweep")
+    ap.add_argument("--preset", default="chain-noisy-sft")
+    ap.add_argument("--lrs", default="1e-3", help="critic learning rates to sweep")
     ap.add_argument("--warmups", default="0", help="warm-up optimizer steps to sweep")
-    ap.add_argument("--epochs", default="1,4", help="passes over each value-pretraining rollout to sweep")
+    ap.add_argument("--epochs", default="4", help="passes over each value-pretraining rollout to sweep")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
-    ap.add_argument("--rounds", type=int, default=30, help="value-pretraining rounds per sweep run")
-    ap.add_argument("--eval-batch", type=int, default=256, help="rollouts for the critic vs near-best comparison")
+    ap.add_argument("--rounds", type=int, default=20, help="value-pretraining rounds per sweep run")
+    ap.add_argument("--prompts", type=int, default=32, help="held-out prompts of the ceiling comparison")
+    ap.add_argument("--group", type=int, default=4, help="responses per held-out prompt")
+    ap.add_argument("--continuations", type=int, default=8, help="Monte-Carlo continuations per state")
     ap.add_argument("--smoke", action="store_true", help="seconds: 2 rounds, one setting, small batches (tests)")
     ap.add_argument("--out", help="folder for the JSON record and plot (default bench/results)")
     a = ap.parse_args()
@@ -135,8 +185,9 @@ def main() -> None:
     warmups = [int(x) for x in a.warmups.split(",")] if not a.smoke else [0]
     epochs = [int(x) for x in a.epochs.split(",")] if not a.smoke else [1]
     rounds = 2 if a.smoke else a.rounds
-    extra = [*a.set, *(["training.batch_size=16", "training.mini_batch_size=16", "eval.num_problems=4"]
-                       if a.smoke else [])]
+    extra = [*a.set, *(["training.batch_size=16", "training.mini_batch_size=16", "eval.num_problems=4",
+                        "model.max_tokens=40"] if a.smoke else [])]
+    sizes = (2, 2, 3) if a.smoke else (a.prompts, a.group, a.continuations)
     t0, load0 = time.perf_counter(), load_avg()
     with tempfile.TemporaryDirectory(prefix="vapo-critic-") as tmp:
         runs = []
@@ -148,22 +199,26 @@ def main() -> None:
                           f"({r['seconds']:.0f}s)", flush=True)
                     runs.append(r)
         best = max(runs, key=lambda r: r["last3"])
-        cmp_ = compare(a.preset, best["value_path"], 32 if a.smoke else a.eval_batch, extra)
-    for name, row in cmp_["ev"].items():
-        show = (lambda x: "undefined" if x is None else f"{x:+.3f}")
-        print(f"  EV {name:9} critic {show(row['critic'])}   near-best {show(row['near_best'])}")
+        top = ceiling(a.preset, best["value_path"], *sizes, extra)
+    for kind, t in top["ev"].items():
+        for scope in ("overall", "within_prompt"):
+            row = t.get(scope)
+            if row:
+                print(f"  {kind:8} {scope:13} critic {row['critic']:+.3f}  Monte-Carlo {row['monte_carlo']:+.3f}  "
+                      f"ceiling {row['ceiling']:+.3f}  ({t['states']} states)")
     record = {"config": {"preset": a.preset, "rounds": rounds, "smoke": a.smoke, "lrs": lrs, "warmups": warmups,
-                         "epochs": epochs, "overrides": extra},
+                         "epochs": epochs, "overrides": extra, "prompts": sizes[0], "group": sizes[1],
+                         "continuations": sizes[2]},
               "sweep": [{k: v for k, v in r.items() if k != "value_path"} for r in runs],
               "best": {"lr": best["lr"], "warmup": best["warmup"], "epochs": best["epochs"], "last3": best["last3"]},
-              "comparison": cmp_, "wall_s_total": round(time.perf_counter() - t0, 1),
+              "ceiling": top, "wall_s_total": round(time.perf_counter() - t0, 1),
               "load_avg_start": load0, "load_avg_end": load_avg()}
     path = write_record("critic", record, Path(a.out) if a.out else None)
-    _plot(runs, cmp_, path.with_suffix(".png"))
+    _plot(runs, top, path.with_suffix(".png"))
     print(f"record: {path}")
 
 
-def _plot(runs: list[dict], cmp_: dict, path: Path) -> None:
+def _plot(runs: list[dict], top: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -175,13 +230,17 @@ def _plot(runs: list[dict], cmp_: dict, path: Path) -> None:
     a.set_ylabel("held-out explained variance")
     a.legend(fontsize=7)
     a.grid(alpha=0.3)
-    names = list(cmp_["ev"])
-    xs = range(len(names))
-    b.bar([x - 0.2 for x in xs], [cmp_["ev"][n]["critic"] or 0.0 for n in names], 0.4, label="critic")
-    b.bar([x + 0.2 for x in xs], [cmp_["ev"][n]["near_best"] or 0.0 for n in names], 0.4, label="near-best V*")
-    b.set_xticks(list(xs), names, rotation=45, fontsize=7)
-    b.set_ylabel("explained variance vs Monte-Carlo returns")
+    bars = [(f"{k}\n{s.replace('_', ' ')}", t[s]) for k, t in top["ev"].items() for s in ("overall", "within_prompt")
+            if t.get(s)]
+    xs = range(len(bars))
+    mc_label = f"Monte-Carlo ({top['continuations']} continuations)"
+    for off, key, label in ((-0.27, "critic", "critic"), (0.0, "monte_carlo", mc_label),
+                            (0.27, "ceiling", "ceiling (noise removed)")):
+        b.bar([x + off for x in xs], [row[key] for _, row in bars], 0.27, label=label)
+    b.set_xticks(list(xs), [n for n, _ in bars], fontsize=7)
+    b.set_ylabel("explained variance vs returns")
     b.legend(fontsize=7)
+    b.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,6 +15,7 @@ Rows are compared with VAPO seed by seed (paired differences, t test), Holm-corr
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 
 from stats import holm, paired
@@ -110,7 +111,7 @@ def plot(path, runs: list[dict], variants: list[str], key: str, budget: float, t
 
 def _at(pts: list[tuple[float, float]], x: float) -> float:
     """The curve's value at `x` (linear between evaluations, held after the last)."""
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return pts[-1][1] if x >= pts[-1][0] else pts[0][1]

@@ -108,6 +108,6 @@ def holm(tests: dict[str, dict], alpha: float = 0.05) -> dict[str, dict]:
         h = t_quantile(level, t["df"]) * t["se"]
         out[k] = {**t, "p_holm": running, "level": level, "ci": [t["delta"] - h, t["delta"] + h],
                   "resolved": not stopped}
-    for k in tests:
-        out.setdefault(k, {**tests[k], "p_holm": None, "level": None, "ci": None, "resolved": False})
+    for k, t in tests.items():
+        out.setdefault(k, {**t, "p_holm": None, "level": None, "ci": None, "resolved": False})
     return out

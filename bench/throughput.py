@@ -15,7 +15,11 @@ rollout x ppo_epochs / update time (the engine's `perf/update_samples_per_s` mul
 the number of mini-batch updates, i.e. over-counts by mini-batches per rollout; it is kept as
 `engine_metric_update_samples_per_s`).
 
-    .venv/bin/python bench/throughput.py              # ~1-2 min
+Repeats are interleaved (fp32, bf16, fp32, bf16, ...: `--repeats` rounds over the dtypes, a fresh trainer each),
+so a change in the machine's load hits every setting alike; the record keeps every repeat, the tables show the
+median with the range, and the bf16/fp32 ratio is taken within each round.
+
+    .venv/bin/python bench/throughput.py              # ~2-3 min on 2 idle cores
     .venv/bin/python bench/throughput.py --smoke --out /tmp/x
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="rollout steps not measured")
     p.add_argument("--steps", type=int, default=6, help="measured rollout steps per dtype (4 updates each)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="model.dtype settings to measure")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the dtypes")
     p.add_argument("--smoke", action="store_true", help="tiny run (seconds) to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
@@ -166,6 +171,17 @@ def flops_summary(run: dict, peak: dict) -> dict:
             "response_length": round(mean("rollout/response_length"), 2)}
 
 
+def median_summary(rows: list[dict]) -> dict:
+    """Per metric: the median over the repeats, with the range (`<metric>_range`)."""
+    import statistics
+    out = {}
+    for k in rows[0]:
+        vals = [r[k] for r in rows]
+        out[k] = round(statistics.median(vals), 4)
+        out[f"{k}_range"] = [round(min(vals), 4), round(max(vals), 4)]
+    return out
+
+
 def plot(path: Path, peak: dict, summaries: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -196,19 +212,24 @@ def main(argv=None) -> dict:
     sizes, min_s = ((128, 256), 0.05) if args.smoke else ((256, 512, 1024, 2048), 0.5)
     extra = common.SMOKE_OVERRIDES if args.smoke else ()
     warmup, steps = (1, 1) if args.smoke else (args.warmup, args.steps)
-    runs = {}
-    for d in [x for x in args.dtypes.split(",") if x]:
-        runs[d] = measure_steps(d, warmup, steps, extra)
-    r0 = next(iter(runs.values()))
+    dtypes = [x for x in args.dtypes.split(",") if x]
+    rounds = [{d: measure_steps(d, warmup, steps, extra) for d in dtypes} for _ in range(1 if args.smoke else
+                                                                                          args.repeats)]
+    r0 = rounds[0][dtypes[0]]
     shape = (r0["mini_batch"] // 4 * int(r0["mean_seq_len"]), r0["model_config"]["hidden_size"],
              r0["model_config"]["intermediate_size"])  # one micro-batch through the MLP up-projection
     peak = matmul_peak(sizes, shape, min_s)
-    summaries = {d: flops_summary(r, peak) for d, r in runs.items()}
+    per_round = [{d: flops_summary(r, peak) for d, r in rnd.items()} for rnd in rounds]
+    summaries = {d: median_summary([p[d] for p in per_round]) for d in dtypes}
+    ratios = [p[dtypes[-1]]["step_time_s"] / p[dtypes[0]]["step_time_s"] for p in per_round]
     record = {"config": {"preset": common.PRESET, "variant": "vapo", "warmup_steps": warmup, "measured_steps": steps,
-                         "smoke": args.smoke, "extra_overrides": list(extra)},
+                         "repeats": len(rounds), "order": "interleaved", "smoke": args.smoke,
+                         "extra_overrides": list(extra)},
+              "step_time_ratio": {"of": f"{dtypes[-1]} / {dtypes[0]}", "per_round": [round(x, 3) for x in ratios]},
+              "per_round": per_round,
               "flop_estimate": __doc__.split("FLOP estimate (stated in the record): ")[1].split("\n\n")[0],
               "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": common.load_avg(),
-              "matmul_peak": peak, "summary": summaries, "runs": runs}
+              "matmul_peak": peak, "summary": summaries, "runs": rounds}
     path = common.write_record("throughput", record, Path(args.out) if args.out else None)
     plot(path.with_suffix(".png"), peak, summaries)
     print(f"matmul peak GFLOP/s: {peak['peak_gflops']}, model-shape {shape}: {peak['model_shape']}")

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not _cached(), reason="built-in tiny model not c
 SMOKES = {"throughput": ["--dtypes", "float32"],
           "sample_efficiency": ["--algos", "vapo,grpo"],
           "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
+          "ablation_paired": ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft", "--jobs", "2"],
           "concurrency": [],
           "provider_samples": [],
           "memory": []}
@@ -32,7 +33,9 @@ SMOKES = {"throughput": ["--dtypes", "float32"],
 def out(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("bench")
     for name, extra in SMOKES.items():
-        subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke", "--out", str(folder), *extra],
+        script = name.removesuffix("_paired")
+        subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--smoke", "--out", str(folder), *extra,
+                        *(["--critic-dir", str(folder / "critics")] if name == "ablation_paired" else [])],
                        check=True, cwd=ROOT, timeout=300, capture_output=True)
     return folder
 
@@ -48,10 +51,24 @@ def test_smoke_writes_record_and_plot(out: Path, name: str):
 
 
 def test_report_renders_tables_from_the_records(out: Path):
-    text = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--results", str(out)],
-                          check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    sys.path.insert(0, str(ROOT / "bench"))
+    import report
+    text = report.render_results(out)
     assert text.count("|---|") >= 4 and "full VAPO" in text and "float32" in text and "grpo" in text
-    assert "two-sized" in text
+    assert "area under the sampled curve" in text and "rejection-sampling" in text
+
+
+def test_paired_smoke_shares_one_critic_and_counts_its_rollouts(out: Path):
+    """--budget: the rows that pretrain a critic use the seed's one shared critic and spend its rounds of the
+    budget; the others spend the whole budget on policy steps."""
+    rec = json.loads((out / "ablation_paired.json").read_text())
+    runs = {r["variant"]: r for r in rec["runs"]}
+    rounds = rec["critics"]["1"]["rounds"]
+    assert rounds >= 1 and runs["vapo"]["pretrain_rollouts"] == rounds and runs["vapo"]["shared_critic"]
+    assert runs["no_value_pretrain"]["pretrain_rollouts"] == runs["rft"]["pretrain_rollouts"] == 0
+    upr = runs["vapo"]["updates_per_rollout"]
+    assert runs["vapo"]["steps"] == (3 - rounds) * upr and runs["rft"]["steps"] == 3 * upr
+    assert {r["variant"] for r in rec["table"]} == {"vapo", "no_value_pretrain", "rft"}
 
 
 def test_memory_counts_shards_and_frozen_weights(out: Path):

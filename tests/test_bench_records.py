@@ -1,8 +1,10 @@
-"""Bench record plumbing that needs no model: which earlier runs an ablation may reuse (same budget, preset and
-extra overrides only), Welch's interval, and the chain ablation's README table."""
+"""Bench record plumbing that needs no model: which earlier runs an ablation may reuse, Welch's interval, the
+paired design's area / Holm correction / exact t, and `bench/report.py --check` (committed results equal what
+the records render; a planted number or an unreproducible record fails)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,8 +12,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import ablation
+import paired
+import render
 import report
+import stats
 from stats import welch_ci
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(variant: str, seed: int, greedy: float, long: float) -> dict:
@@ -50,18 +57,79 @@ def test_welch_interval_matches_a_hand_computation():
     assert welch_ci([0.5], [0.4, 0.5])["ci95"] is None
 
 
-def test_chain_ablation_table_shows_intervals_per_row():
-    runs = [_run("vapo", s, g, lg) for s, g, lg in ((1, 0.60, 0.20), (2, 0.62, 0.25), (3, 0.58, 0.15))]
-    runs += [_run("grpo", s, g, lg) for s, g, lg in ((1, 0.50, 0.10), (2, 0.49, 0.12), (3, 0.52, 0.11))]
-    table = ablation.summarize(runs, ["vapo", "grpo"], 0.9)
-    grpo = table[1]
-    assert grpo["vs_vapo_final_greedy"]["significant"] is True
-    assert grpo["vs_vapo_final_greedy_long"]["delta"] == pytest.approx(-0.09)
-    rec = {"config": {"preset": "chain-demo", "steps": 30, "seeds": [1, 2, 3], "eval_interval": 15,
-                      "extra_overrides": ["training.learning_rate=2e-4"]},
-           "table": table, "runs": runs, "paper_note": "paper note", "wall_s_total": 1.0, "command": "x",
-           "date_utc": "d", "machine": {"cpu_model": "cpu", "logical_cores": 2, "torch": "t"}}
-    text = report.ablation_chain(rec)
-    row = next(line for line in text.splitlines() if "GRPO (critic-free" in line)
-    assert "-0.097 [" in row and "]*" in row
-    assert "`training.learning_rate=2e-4`" in text and "long 0.150" in text
+def _budget_run(variant: str, seed: int, points: list[tuple[int, float]], pretrain: int = 0) -> dict:
+    return {"variant": variant, "seed": seed, "pretrain_rollouts": pretrain, "updates_per_rollout": 2,
+            "curve": [{"step": s, "sampled": y} for s, y in points], "wall_s": 1.0}
+
+
+def test_area_counts_value_pretraining_as_a_flat_stretch():
+    """A row that pretrains its critic for 2 rollouts starts its curve at rollout 2, flat before it."""
+    run = _budget_run("vapo", 1, [(0, 0.2), (4, 0.4), (12, 0.6)], pretrain=2)  # 2 updates per rollout
+    pts = paired.budget_curve(run, "sampled")
+    assert pts == [(0.0, 0.2), (2.0, 0.2), (4.0, 0.4), (8.0, 0.6)]
+    # trapezoids: 2 x 0.2, 2 x 0.3, 4 x 0.5 over a budget of 8 rollouts
+    assert paired.area(pts, 8) == pytest.approx((0.4 + 0.6 + 2.0) / 8)
+    assert paired.reach(pts, 0.4) == 4.0 and paired.reach(pts, 0.9) is None
+    assert paired.area([(0.0, 0.2), (4.0, 0.4)], 8) == pytest.approx((4 * 0.3 + 4 * 0.4) / 8)  # held to the end
+
+
+def test_paired_rows_are_holm_corrected_against_vapo():
+    base = [0.30, 0.35, 0.28, 0.33, 0.31]
+    runs = [_budget_run("vapo", s, [(0, 0.1), (16, y)]) for s, y in enumerate(base, 1)]
+    runs += [_budget_run("grpo", s, [(0, 0.1), (16, y - 0.10 + 0.005 * s)]) for s, y in enumerate(base, 1)]
+    runs += [_budget_run("rft", s, [(0, 0.1), (16, y + (0.02 if s % 2 else -0.02))]) for s, y in enumerate(base, 1)]
+    rows = {r["variant"]: r for r in paired.compare(runs, ["vapo", "grpo", "rft"], "sampled", 8, 0.3)}
+    assert rows["vapo"]["vs_base"] is None
+    g, r = rows["grpo"]["vs_base"], rows["rft"]["vs_base"]
+    assert g["resolved"] and g["level"] == pytest.approx(0.025) and g["ci"][1] < 0  # smallest p: α / 2
+    assert not r["resolved"] and r["level"] == pytest.approx(0.05) and r["ci"][0] < 0 < r["ci"][1]
+    assert g["p_holm"] == pytest.approx(2 * g["p"])
+    text = render._resolution(list(rows.values()), 5)
+    assert text.startswith("**Resolved** at 5 seeds: baseline: GRPO") and "**Not resolved**" in text
+
+
+def test_t_quantiles_match_the_table():
+    for df, t in enumerate(stats.T975, 1):
+        assert stats.t_quantile(0.05, df) == pytest.approx(t, abs=2e-3)
+    assert stats.t_two_sided_p(2.776, 4) == pytest.approx(0.05, abs=1e-3)
+
+
+def test_committed_results_match_the_records():
+    """What CI runs: docs/results.md and the README's results block are exactly what the records render, and
+    every committed record is reproducible from the repository root."""
+    assert report.check() == []
+
+
+def _copy_project(tmp: Path) -> Path:
+    root = tmp / "p"
+    (root / "docs").mkdir(parents=True)
+    (root / "bench").mkdir()
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    shutil.copy(ROOT / "docs" / "results.md", root / "docs" / "results.md")
+    shutil.copytree(ROOT / "bench" / "results", root / "bench" / "results")
+    return root
+
+
+def test_check_fails_on_a_number_without_a_record(tmp_path: Path):
+    root = _copy_project(tmp_path)
+    assert report.check(root) == []
+    readme = (root / "README.md").read_text()
+    (root / "README.md").write_text(readme.replace(report.END, "VAPO beats GRPO by 12.5 points.\n" + report.END))
+    problems = report.check(root)
+    assert len(problems) == 1 and "results block" in problems[0] and "12.5 points" in problems[0]
+    (root / "README.md").write_text(readme)
+    doc = root / "docs" / "results.md"
+    doc.write_text(doc.read_text().replace("## ", "## (0.97 accuracy) ", 1))
+    assert any("docs/results.md" in p and "0.97" in p for p in report.check(root))
+    assert report.main(["--check", "--root", str(root)]) == 1
+
+
+def test_check_names_records_that_cannot_be_reproduced(tmp_path: Path):
+    root = _copy_project(tmp_path)
+    path = root / "bench" / "results" / "sample_efficiency.json"
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "command": rec["command"] + " --out /tmp/x"}))
+    problems = report.record_problems(root / "bench" / "results")
+    assert problems == ["sample_efficiency.json: command names a path outside the repository ('/tmp/x')"]
+    path.write_text(json.dumps({**rec, "command": "python /home/me/sweep.py"}))
+    assert "is not a bench/ script" in report.record_problems(root / "bench" / "results")[0]

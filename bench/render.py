@@ -1,0 +1,350 @@
+"""Markdown sections of docs/results.md, one renderer per record in bench/results (used by bench/report.py).
+
+A renderer takes the record (a dict) and returns markdown. Every number it writes comes from the record: the
+prose around the tables is generated from the same fields, so it cannot drift from them, and words such as
+"resolved" are decided by the record's statistics, never typed in. Torch-free.
+"""
+from __future__ import annotations
+
+import statistics
+
+from stats import welch_ci
+
+
+def f(x, nd: int = 3) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def spread(s: dict, nd: int = 3) -> str:
+    """mean ± std [min–max] of a `common.spread` dict."""
+    if not s or s.get("mean") is None:
+        return "—"
+    if s.get("n", 1) <= 1:
+        return f(s["mean"], nd)
+    return f"{f(s['mean'], nd)} ± {f(s['std'], nd)} [{f(s['min'], nd)}–{f(s['max'], nd)}]"
+
+
+def mstd(values: list) -> str:
+    v = [x for x in values if x is not None]
+    if not v:
+        return "—"
+    if len(v) == 1:
+        return f(v[0])
+    return f"{statistics.fmean(v):.3f} ± {statistics.stdev(v):.3f} [{min(v):.3f}–{max(v):.3f}]"
+
+
+def machine(rec: dict) -> str:
+    m = rec["machine"]
+    commit = f"; commit {rec['commit'][:10]}{'+changes' if rec['commit'].endswith('+changes') else ''}" \
+        if rec.get("commit") else ""
+    return (f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; "
+            f"`{rec['command']}`; {rec['wall_s_total']:.0f} s wall; load average at start/end "
+            f"{rec.get('load_avg_start')} / {rec.get('load_avg_end')} ({rec['date_utc']}{commit})*")
+
+
+def _label(variant: str) -> str:
+    from vapo_engine.variants import VARIANTS
+    return VARIANTS[variant].description if variant in VARIANTS else variant
+
+
+def _interval(t: dict | None) -> str:
+    if not t or t.get("delta") is None:
+        return "—"
+    if not t.get("ci"):
+        return f"{t['delta']:+.3f}"
+    lo, hi = t["ci"]
+    return f"{t['delta']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _per_seed(d: dict, nd: int = 0) -> str:
+    return ", ".join("—" if v is None else f"{v:.{nd}f}" for _, v in sorted(d.items(), key=lambda kv: int(kv[0])))
+
+
+def ablation_paired(rec: dict) -> str:
+    """The paired-budget ablation: area under the held-out curve, Δ vs VAPO with Holm-corrected intervals."""
+    c, runs = rec["config"], rec["runs"]
+    key = c["metric"]
+    head = (f"| row | area under the {key} curve (mean ± sd over seeds) | Δ area vs VAPO [Holm interval] | "
+            f"p (Holm-adjusted) | resolved | rollouts to {key} ≥ {c['threshold']:g}, per seed | final {key}, mean | "
+            "critic EV, pooled over steps | value-pretraining rollouts, per seed |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for row in rec["table"]:
+        v, t = row["variant"], row.get("vs_base")
+        mine = [r for r in runs if r["variant"] == v]
+        ev = [r.get("pooled_explained_var") for r in mine]
+        pre = {str(r["seed"]): r.get("pretrain_rollouts", 0) for r in mine}
+        finals = [x for x in row["final"].values() if x is not None]
+        lines.append(
+            f"| {_label(v)} | {f(row['area_mean'])} ± {f(row['area_sd'])} | {'' if t is None else _interval(t)} | "
+            f"{'' if t is None else f(t.get('p_holm'), 3)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} | "
+            f"{_per_seed(row['reach'], 1)} | {f(statistics.fmean(finals) if finals else None)} | "
+            f"{mstd(ev) if any(x is not None for x in ev) else '—'} | {_per_seed(pre)} |")
+    starts = [r["curve"][0][key] for r in runs if r["curve"] and r["curve"][0]["step"] == 0]
+    extra = ", ".join(f"`{o}`" for o in c.get("extra_overrides") or []) or "none"
+    n_seeds, n_cmp = len(c["seeds"]), sum(1 for r in rec["table"] if r.get("vs_base"))
+    lines += ["", (f"Preset {c['preset']}; every row spends {c['budget_rollouts']} rollouts (value-pretraining "
+                   f"rollouts included) with seeds {c['seeds']}; evaluation every {c['eval_interval']} policy steps; "
+                   f"overrides on every row: {extra}. Start (step 0, mean over runs): {key} {f(_mean(starts))}. "
+                   "Area = mean held-out accuracy over the budget (the curve is flat at the start value while a "
+                   "critic pretrains). Δ = row − VAPO, paired by seed; intervals are t intervals at the level Holm's "
+                   f"procedure tests each row at ({n_cmp} comparisons, family-wise 95%); resolved = rejected by Holm. "
+                   "Rows that pretrain a critic share one per seed (trained once, counted in each row's budget)."),
+              "", _resolution(rec["table"], n_seeds), "", machine(rec)]
+    return "\n".join(lines)
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _resolution(table: list[dict], n_seeds: int) -> str:
+    """What is resolved, then what is not — in that order, with numbers only, no direction words for the rest."""
+    rows = [r for r in table if r.get("vs_base")]
+    done = [r for r in rows if r["vs_base"]["resolved"]]
+    open_ = [r for r in rows if not r["vs_base"]["resolved"]]
+    parts = []
+    if done:
+        parts.append("**Resolved** at " + f"{n_seeds} seeds: " + "; ".join(
+            f"{_label(r['variant'])} (Δ {_interval(r['vs_base'])})" for r in done) + ".")
+    else:
+        parts.append(f"**Resolved:** none of the {len(rows)} differences from VAPO at {n_seeds} seeds.")
+    if open_:
+        parts.append("**Not resolved** (the interval contains 0; read these as no measured difference at this size, "
+                     "not as a ranking): " + ", ".join(_label(r["variant"]) for r in open_) + ".")
+    return " ".join(parts)
+
+
+def critic(rec: dict) -> str:
+    """The critic's EV against the Monte-Carlo ceiling, by kind of state."""
+    c, top = rec["config"], rec["ceiling"]
+    head = ("| states | scope | critic EV | Monte-Carlo EV | ceiling (true value's EV, noise removed) | "
+            "critic / ceiling | states measured |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for kind, t in top["ev"].items():
+        for scope in ("overall", "within_prompt"):
+            row = t.get(scope)
+            if not row:
+                continue
+            ratio = row["critic"] / row["ceiling"] if row["ceiling"] > 0 else None
+            lines.append(f"| {kind} | {scope.replace('_', ' ')} | {f(row['critic'])} | {f(row['monte_carlo'])} | "
+                         f"{f(row['ceiling'])} | {f(ratio, 2)} | {t['states']} |")
+    b, sweep = rec["best"], rec["sweep"]
+    curve = next((s["curve"] for s in sweep if (s["lr"], s["epochs"]) == (b["lr"], b["epochs"])), [])
+    lines += ["", (f"Preset {c['preset']}; the critic: value pretraining alone, lr {b['lr']:g}, {b['epochs']} passes "
+                   f"per round, {len(curve)} rounds (held-out EV of the last rounds: "
+                   f"{', '.join(f(x, 2) for x in curve[-3:])}). Measured on {top['prompts']} held-out prompts × "
+                   f"{top['group']} responses of the initial policy (accuracy {f(top['accuracy'])}, mean length "
+                   f"{f(top['mean_response_length'], 1)} tokens): at every line start (`line`) and right after every "
+                   f"line's sign (`decision`), the Monte-Carlo value from {top['continuations']} sampled "
+                   "continuations, against the response's return. EV is pooled over all states of a kind; `within "
+                   "prompt` removes each prompt's mean first (what a per-prompt baseline leaves). The ceiling is the "
+                   "Monte-Carlo EV plus its sampling noise (V̂(1 − V̂)/(m − 1) per state): the EV of the true value "
+                   "function, which no critic can beat."), "", machine(rec)]
+    return "\n".join(lines)
+
+
+def warm_start(rec: dict) -> str:
+    head = ("| model | bucket | greedy accuracy | sampled accuracy (T = 1) | sign errors per sampled line | "
+            "sampled answers stopped early |")
+    lines = [head, "|---|---|---|---|---|---|"]
+    for m in rec["models"]:
+        for b in ("short", "mid", "long", "all"):
+            g, s = m[f"greedy_{b}"], m[f"sampled_{b}"]
+            lines.append(f"| `{m['model']}` | {b} | {f(g['accuracy'], 2)} | {f(s['accuracy'], 2)} | "
+                         f"{f(s['sign_error_per_line'])} | {f(s['stopped_early'], 2)} |")
+    c = rec["config"]
+    builds = "; ".join(
+        f"`{m['model']}` ({m['folder']}): " + ", ".join(
+            f"phase {p['name']} lr {p['lr']:g}" + (f" noise {p['noise']:g}" if p.get("noise") else "")
+            + (f" teacher stops after {p['teacher_lines']} lines" if p.get("teacher_lines") else "")
+            + (f", {m['build']['phase_steps'][p['name']]} steps" if p["name"] in m["build"]["phase_steps"] else "")
+            for p in m["build"]["recipe_phases"]) for m in rec["models"] if m["build"]["recipe_phases"])
+    lines += ["", (f"{c['problems']} held-out problems (an equal number per step count 1–14), sampled accuracy "
+                   f"over {c['samples']} samples each. Phases after the start model: {builds or 'none'}."),
+              "", machine(rec)]
+    return "\n".join(lines)
+
+
+def throughput(rec: dict) -> str:
+    """Median [range] over interleaved repeats of one VAPO rollout step per dtype, and the within-round ratio."""
+    p, c = rec["matmul_peak"], rec["config"]
+    lines = [("| model.dtype | step time (s) | rollout phase (s) | update phase (s) | rollout tokens/s | "
+              "update responses/s | update GFLOP/s | % of same-dtype matmul peak |"), "|---|---|---|---|---|---|---|---|"]
+
+    def cell(s: dict, k: str, nd: int, scale: float = 1.0) -> str:
+        lo, hi = s[f"{k}_range"]
+        return f"{s[k] * scale:.{nd}f} [{lo * scale:.{nd}f}–{hi * scale:.{nd}f}]"
+    for d, s in rec["summary"].items():
+        lines.append(f"| {d} | {cell(s, 'step_time_s', 2)} | {cell(s, 'rollout_time_s', 2)} | "
+                     f"{cell(s, 'update_time_s', 2)} | {cell(s, 'rollout_tokens_per_s', 0)} | "
+                     f"{cell(s, 'update_samples_per_s', 1)} | {cell(s, 'update_gflops_achieved', 1)} | "
+                     f"{cell(s, 'fraction_of_peak_same_dtype', 1, 100)} |")
+    mk, r = p["model_shape"]["m_k_n"], rec["step_time_ratio"]
+    lines += ["", (f"Median [min–max] over {c['repeats']} {c['order']} repeats (a fresh trainer each; "
+                   f"{c['warmup_steps']} unmeasured + {c['measured_steps']} measured rollout steps of the {c['preset']} "
+                   f"VAPO recipe per repeat). Step-time ratio {r['of']} within each round: "
+                   f"{', '.join(f'{x:.2f}' for x in r['per_round'])}. Measured matmul peak (torch.matmul, best of "
+                   f"square sizes {list(p['square']['float32'])}): fp32 {p['peak_gflops']['float32']:.0f} GFLOP/s, bf16 "
+                   f"{p['peak_gflops']['bfloat16']:.0f} GFLOP/s; one micro-batch MLP-shaped matmul ({mk[0]}×{mk[1]} @ "
+                   f"{mk[1]}×{mk[2]}): fp32 {p['model_shape']['float32']:.1f}, bf16 {p['model_shape']['bfloat16']:.1f} "
+                   "GFLOP/s."), "", machine(rec)]
+    return "\n".join(lines)
+
+
+def _hit(curve: list[dict], key: str, target: float):
+    return next((p["step"] for p in curve if p.get(key) is not None and p[key] >= target), None)
+
+
+def _tail_mean(curve: list[dict], key: str, k: int = 3):
+    """Mean of the last k evaluations (less noisy than the single final one)."""
+    vals = [p[key] for p in curve if p.get(key) is not None][-k:]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _hits(runs: list[dict], key: str, target: float) -> str:
+    return ", ".join("—" if h is None else str(h) for h in (_hit(r["curve"], key, target) for r in runs))
+
+
+def sample_efficiency(rec: dict) -> str:
+    c = rec["config"]
+    lines = [("| algorithm | final greedy (mean ± std [min–max]) | Δ final greedy vs VAPO [Welch 95%] | final sampled "
+              "avg@2 | sampled avg@2, mean of last 3 evals | steps to greedy ≥ 0.85 (per seed) | critic EV, mean of per-step "
+              "ratios | s / run |"),
+             "|---|---|---|---|---|---|---|---|"]
+    base = [r["final_greedy"] for r in rec["runs"] if r["variant"] == "vapo"]
+    deltas = {}
+    for a, s in rec["summary"].items():
+        runs = [r for r in rec["runs"] if r["variant"] == a]
+        deltas[a] = None if a == "vapo" else welch_ci([r["final_greedy"] for r in runs], base)
+        lines.append(f"| {a} | {spread(s['final_greedy'])} | {_welch(deltas[a])} | {spread(s['final_sampled'])} | "
+                     f"{mstd([_tail_mean(r['curve'], 'sampled') for r in runs])} | {_hits(runs, 'greedy', 0.85)} | "
+                     f"{f(s['mean_explained_var']['mean'])} | {f(s['wall_s']['mean'], 0)} |")
+    starts = [r["curve"][0] for r in rec["runs"] if r["curve"] and r["curve"][0]["step"] == 0]
+    start = {k: statistics.fmean(p[k] for p in starts) for k in ("greedy", "sampled")} if starts else {}
+    resolved = [a for a, d in deltas.items() if d and d.get("significant")]
+    verdict = ("Resolved at 95% (Welch, unpaired): " + ", ".join(resolved) + "." if resolved else
+               f"No difference from VAPO is resolved at {len(c['seeds'])} seeds (every Welch interval contains 0).")
+    note = (f"{c['steps']} policy steps × 32 responses per step, seeds {c['seeds']} (unpaired: recorded before "
+            f"runs drew their prompts from named streams); held-out 200 problems evaluated every ~{c['eval_interval']} "
+            f"steps; step-0 mean over runs: greedy {f(start.get('greedy'))}, sampled {f(start.get('sampled'))}; "
+            f"— = not reached. {verdict}")
+    lines += ["", note, "", machine(rec)]
+    return "\n".join(lines)
+
+
+def _welch(d: dict | None) -> str:
+    if not d or d.get("delta") is None:
+        return ""
+    return f"{d['delta']:+.3f}" + (f" [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d.get("ci95") else "")
+
+
+def chain_lookup(rec: dict) -> str:
+    """Teacher-forced P(right sign) on the middle lines, by prompt length, one column group per policy."""
+    res = rec["results"]
+    head = "| steps | " + " | ".join(f"{chr(65 + i)}: sign P, middle lines | {chr(65 + i)}: lines with sign P < 0.5"
+                                     f" | {chr(65 + i)}: digit P, middle lines" for i in range(len(res))) + " |"
+    lines = [head, "|---|" + "---|---|---|" * len(res)]
+    for n in sorted({int(k) for r in res for k in r["by_steps"]}):
+        cells = []
+        for r in res:
+            x = r["by_steps"].get(str(n)) or r["by_steps"].get(n) or {}
+            below = x.get("sign_below_half")
+            cells += [f(x.get("sign_middle"), 2), "—" if below is None else f"{below:.0%}", f(x.get("digit_middle"), 2)]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    policies = "; ".join(f"{chr(65 + i)}: `{r['policy']}`" for i, r in enumerate(res))
+    note = (f"{rec['config']['per_length']} held-out problems per step count, reference solution fed "
+            f"(teacher-forced); middle lines = all but the first and the last two. Policies — {policies}.")
+    lines += ["", note, "", machine(rec)]
+    return "\n".join(lines)
+
+
+def trl_side_by_side(rec: dict) -> str:
+    c, n = rec["config"], rec["config"]["points"]
+    lines = [(f"| side | s / optimizer step | vs TRL GRPO | greedy start → final | step to +{n:g} points | "
+              f"training s to +{n:g} points | training s total | of which value pretraining |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for side, s in rec["summary"].items():
+        lines.append(f"| {side} | {s['s_per_opt_step']:.3f} | {rec['ratio_vs_trl_grpo'][side]['s_per_opt_step']:.2f}× | "
+                     f"{f(s['start_greedy'])} → {f(s['final_greedy'])} | {s['step_to_target'] or '—'} | "
+                     f"{f(s['train_s_to_target'], 1)} | {s['train_s_total']:.1f} | {s['value_pretrain_s']:.1f} |")
+    v = c["versions"]
+    note = (f"{c['task']}, preset {c['preset']}, {c['steps']} optimizer steps of {c['mini_batch_size']} responses "
+            f"({c['opt_steps_per_rollout']} per rollout of {c['batch_size']}), eval every ~{c['eval_interval']} steps "
+            f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, one run per side; TRL {v['trl']}, "
+            f"accelerate {v['accelerate']}; — = not reached.")
+    lines += ["", note, "", machine(rec)]
+    return "\n".join(lines)
+
+
+def provider_samples(rec: dict) -> str:
+    c = rec["config"]
+    gain = round(100 * c["gain"])
+    lines = [(f"| run B | seed | greedy start → final | step to +{gain} points | wall s to +{gain} points | wall s "
+              "total | provider answers (share correct) | provider positives added to the replay buffer | dropped | "
+              "p50 latency (s) |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["runs"]:
+        p = r.get("provider") or {}
+        answers = f"{p['ok']:.0f} ({f(p.get('accuracy'), 2)})" if p.get("ok") is not None else "—"
+        lines.append(f"| {r['arm']} provider samples | {r['seed']} | {f(r['start_greedy'])} → {f(r['final_greedy'])}"
+                     f" | {r['steps_to_target'] or '—'} | {f(r['wall_s_to_target'], 0)} | {r['wall_s']:.0f} | "
+                     f"{answers} | {f(p.get('positives_added'), 0) if p else '—'} | "
+                     f"{f(p.get('dropped'), 0) if p else '—'} | {f(p.get('latency_p50_s'), 2) if p else '—'} |")
+    a = rec["run_a"]
+    note = (f"Run A (the served model): cpu-demo, {c['steps_a']} steps, greedy {f(a['curve'][0]['greedy'])} → "
+            f"{f(a['final_greedy'])}. Each run B: {c['steps_b']} steps from the initial model, eval every "
+            f"{c['eval_interval']}; provider: {c['samples_per_prompt']} answers per prompt, concurrency "
+            f"{c['concurrency']}, served on the same 2 cores (its cost is in the wall times); — = not reached. "
+            "Answers = provider requests answered (prompts sent × answers per prompt); positives added = correct "
+            "answers that joined the replay buffer (what the positive-example NLL then draws from, not how often "
+            "each was drawn).")
+    return "\n".join([*lines, "", note, "", machine(rec)])
+
+
+def _mib(x) -> str:
+    return "—" if x is None else f"{x / 2 ** 20:.0f}"
+
+
+def memory(rec: dict) -> str:
+    c, m = rec["config"], rec["config"]["model"]
+    lines = [("| strategy | rank | parameters (MiB) | gradients (MiB) | AdamW states (MiB) | tensors total (MiB) | "
+              "bytes per model parameter | peak RSS − baseline (MiB) | of which setup / step 1 / step 2 |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        phases = " / ".join(_mib(r[f"{k}_peak_minus_baseline"]) for k in ("setup", "first_step", "step"))
+        lines.append(f"| {r['strategy']} | {r['rank']} | {r['param_bytes'] / 2 ** 20:.1f} | "
+                     f"{r['grad_bytes'] / 2 ** 20:.1f} | {r['optimizer_bytes'] / 2 ** 20:.1f} | "
+                     f"{r['tensor_bytes'] / 2 ** 20:.1f} | {r['bytes_per_param']:.2f} | "
+                     f"{_mib(r['peak_rss_minus_baseline'])} | {phases} |")
+    for s, run in rec["runs"].items():
+        if not run["ok"]:
+            lines.append(f"| {s} | — | failed: {run['error'].strip().splitlines()[-1][:200]} | | | | | | |")
+    base = sorted({_mib(r["baseline_rss"]) for r in rec["rows"]})
+    lines += ["", (f"Random-init Qwen2 (hidden {m['hidden']}, {m['layers']} layers; {m.get('policy_params', 0):,} "
+                   f"policy + {m.get('value_params', 0):,} value parameters), {c['world_size']} gloo processes, two "
+                   f"rollout steps of 4 responses (≤ 8 tokens), LoRA r {c['lora_r']} on every trunk linear; tensors "
+                   f"counted after step 2 (a DTensor counts its local shard); RSS baseline after the imports: "
+                   f"{', '.join(base)} MiB per rank.")]
+    worlds = sorted({r["world"] for r in rec["extrapolation"]})
+    strategies = list(dict.fromkeys(r["strategy"] for r in rec["extrapolation"]))
+    lines += ["", "| model shapes (policy + value parameters) | " + " | ".join(
+        f"{s}, {w} rank{'s' if w > 1 else ''}" for s in strategies for w in worlds) + " |",
+              "|---|" + "---|" * (len(strategies) * len(worlds))]
+    for name, t in rec["targets"].items():
+        cells = {(r["strategy"], r["world"]): r["gib_per_rank"] for r in rec["extrapolation"] if r["model"] == name}
+        lines.append(f"| {name} ({t['policy'] / 1e9:.2f} B + {t['value'] / 1e9:.2f} B) | " + " | ".join(
+            f"{cells[s, w]:.1f}" for s in strategies for w in worlds) + " |")
+    how = rec["extrapolation_method"].replace("\n", " ")
+    lines += ["", ("GiB per rank of policy + value weights, gradients and AdamW states (fp32; activations not "
+                   f"included). {how[0].upper()}{how[1:]}")]
+    lines += ["", ("| bf16 on CUDA, GiB per rank (arithmetic) | fsdp: persistent at " + ", ".join(map(str, worlds))
+                   + " ranks | fsdp: + transient ≤ | ddp: persistent | ddp: + flat fp32 gradients | ddp: + autocast "
+                   "copies ≤ | lora: fp32 base (engine) | lora: bf16 base (not implemented) |"),
+              "|---|---|---|---|---|---|---|---|"]
+    for name, x in rec["bf16_cuda_arithmetic"].items():
+        lines.append(f"| {name} | {' / '.join(str(v) for v in x['fsdp_persistent'].values())} | "
+                     f"{x['fsdp_transient_up_to']} | {x['ddp_persistent']} | {x['ddp_transient_flat_grads']} | "
+                     f"{x['autocast_bf16_weight_copies_up_to']} | {x['lora_frozen_fp32']} | {x['lora_if_bf16_base']} |")
+    lines += ["", rec["bf16_note"], "", machine(rec)]
+    return "\n".join(lines)
