@@ -21,7 +21,8 @@ area under the held-out curve over the budget (`--metric`, default sampled accur
 
     .venv/bin/python bench/ablation.py --preset chain-noisy-sft --budget 24 --seeds 1,2,3,4,5 \
         --variants vapo,no_value_pretrain,no_decoupled_gae,no_length_adaptive,no_positive_lm,grpo,rft \
-        --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 --jobs 2
+        --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 --jobs 2 \
+        --name ablation_chain_paired
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variants", default=",".join(ROWS), help="variant names (vapo_engine.variants)")
     p.add_argument("--reuse", default=None, help="records (comma-separated JSON paths) whose matching runs are reused")
     p.add_argument("--preset", default=common.PRESET, help="preset of every row (cpu-demo: builtin:addition; "
-                   "chain-demo: builtin:chain, where the long end is the headline metric)")
+                   "chain-noisy-sft: builtin:chain, where the long end is the headline metric)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every row (repeatable), e.g. training.learning_rate=2e-4; "
                         "recorded in the record's config.extra_overrides")
@@ -67,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "design's area and threshold (sampled = avg@k at the training temperature)")
     p.add_argument("--critic-dir", default=str(common.REPO / "bench" / ".cache" / "critics"),
                    help="where the paired design keeps its shared critics (reused when their settings match)")
+    p.add_argument("--name", default=None, help="record name (default ablation[_<preset>][_paired])")
     p.add_argument("--pretrain-only", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one critic
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
@@ -261,7 +263,8 @@ def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, lo
               "critics": {str(s): c for s, c in critics.items()}, "table": table, "runs": runs,
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
                             "arXiv 2504.05118); a different model and benchmark, shown for orientation only"}
-    path = common.write_record(record_name(meta["preset"]) + "_paired", record, Path(args.out) if args.out else None)
+    name = args.name or record_name(meta["preset"]) + "_paired"
+    path = common.write_record(name, record, Path(args.out) if args.out else None)
     paired.plot(path.with_suffix(".png"), runs, meta["variants"], args.metric, args.budget,
                 f"paired ablation, preset {meta['preset']}, {args.budget} rollouts per row, seeds {meta['seeds']}")
     return path

@@ -81,11 +81,12 @@ def command_line() -> str:
 
 
 def load_bench_config(variant: str, extra: list[str] | tuple[str, ...] = (), preset: str = PRESET):
-    """config.toml + the preset + the variant's overrides + `extra`; returns (config, overrides)."""
+    """config.toml + the preset + `extra` + the variant's overrides (last: a row is what its variant says, e.g.
+    `vapo.value_pretrain_steps=5` on every row leaves w/o value pretraining at 0); returns (config, overrides)."""
     from vapo_engine.config import load_config
     from vapo_engine.variants import get_variant
     base = load_config(REPO / "config.toml", list(extra), preset=preset)
-    overrides = [*get_variant(variant).apply(base), *extra]
+    overrides = [*extra, *get_variant(variant).apply(base)]
     return load_config(REPO / "config.toml", overrides, preset=preset), overrides
 
 

@@ -160,6 +160,8 @@ def ceiling(preset: str, value_path: str, n_prompts: int, group: int, m: int, ex
     by_kind = {}
     for kind in ("all", "line", "decision"):
         sel = [k for k, (_, _, c) in enumerate(states) if kind in ("all", c)]
+        if len(sel) < 2:
+            continue
         by_kind[kind] = ev_table([ret[k] for k in sel], [crit[k] for k in sel], [mc[k] for k in sel],
                                  [grp[k] for k in sel], m)
     return {"prompts": n_prompts, "group": group, "responses": ro.size, "continuations": m,

@@ -1,6 +1,8 @@
 """Real runs with real symptoms on builtin:chain, kept as test fixtures for the training diagnostics.
 
-Each case is a short chain-demo run with one thing broken on purpose (and one healthy run); its config.json,
+Each case is a short chain run (preset chain-planted-stop on the v1 chain model, `model.builtin =
+builtin:chain@v1`: the model the committed fixtures were recorded on) with one thing broken on purpose (and one
+healthy run); its config.json,
 metrics.jsonl, summary.json and run.json are copied to tests/data/chain_runs/<case>/, and
 tests/test_diagnose_chain_runs.py checks that the rule for that symptom fires on it and that the healthy run
 stays quiet. Re-run this script when the task, the model or the rules change:
@@ -18,8 +20,9 @@ from pathlib import Path
 
 from common import REPO, load_avg, settings_with_seed
 
-PRESET = "chain-demo"
-SHAPE = ["training.batch_size=32", "training.mini_batch_size=32", "eval.num_problems=56", "eval.eval_interval=12",
+PRESET = "chain-planted-stop"
+SHAPE = ["model.builtin=\"builtin:chain@v1\"", "training.batch_size=32", "training.mini_batch_size=32",
+         "eval.num_problems=56", "eval.eval_interval=12",
          "eval.save_interval=1000", "vapo.value_pretrain_steps=8", "vapo.value_pretrain_patience=0"]
 CASES: dict[str, tuple[list[str], list[str]]] = {
     # name: (overrides, the training rules that must fire)

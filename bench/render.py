@@ -88,7 +88,11 @@ def ablation_paired(rec: dict) -> str:
                    "Area = mean held-out accuracy over the budget (the curve is flat at the start value while a "
                    "critic pretrains). Δ = row − VAPO, paired by seed; intervals are t intervals at the level Holm's "
                    f"procedure tests each row at ({n_cmp} comparisons, family-wise 95%); resolved = rejected by Holm. "
-                   "Rows that pretrain a critic share one per seed (trained once, counted in each row's budget)."),
+                   "Rows that pretrain a critic share one per seed (trained once, counted in each row's budget). "
+                   "Without value pretraining the value head starts at zero: with V ≡ 0 and λ < 1 a token's advantage "
+                   "is λ^(T−t)·R before whitening — the return, damped by λ for every token to the end (a decision "
+                   "60 tokens before the end gets λ^60 of the last token's weight), with no per-state baseline; "
+                   "whitening only subtracts one batch-wide mean — until the critic learns."),
               "", _resolution(rec["table"], n_seeds), "", machine(rec)]
     return "\n".join(lines)
 

@@ -28,8 +28,8 @@ END = "<!-- results:end -->"
 
 SECTIONS = (  # (record, title, renderer, what it answers)
     ("ablation_chain_paired", "VAPO's parts on builtin:chain: the paired ablation", render.ablation_paired,
-     "Which of VAPO's parts change how fast the long end improves, next to GRPO and rejection-sampling fine-tuning "
-     "at an equal sample budget (value-pretraining rollouts counted)?"),
+     ("Which of VAPO's parts change how fast the long end improves, next to GRPO and rejection-sampling fine-tuning "
+     "at an equal sample budget (value-pretraining rollouts counted)?")),
     ("critic", "The critic against its ceiling", render.critic,
      "How much of the return variance does the pretrained critic explain, and how much could any critic?"),
     ("warm_start", "The chain models RL starts from", render.warm_start,
@@ -80,17 +80,17 @@ def render_headline(results: Path) -> str:
     if rec is None:
         return "No headline record yet: run `bench/ablation.py --budget …` (docs/results.md lists every record)."
     c = rec["config"]
-    lines = [f"On `builtin:chain` (preset {c['preset']}), {len(c['seeds'])} paired seeds, {c['budget_rollouts']} "
+    lines = [(f"On `builtin:chain` (preset {c['preset']}), {len(c['seeds'])} paired seeds, {c['budget_rollouts']} "
              f"rollouts per row (value pretraining included), primary metric the area under the held-out "
-             f"{c['metric']} curve of the long end:", "",
+             f"{c['metric']} curve of the long end:"), "",
              "| row | area (mean over seeds) | Δ vs VAPO [Holm interval] | resolved |", "|---|---|---|---|"]
     for row in rec["table"]:
         t = row.get("vs_base")
         lines.append(f"| {render._label(row['variant'])} | {render.f(row['area_mean'])} | "
                      f"{'' if t is None else render._interval(t)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} |")
     lines += ["", render._resolution(rec["table"], len(c["seeds"])),
-              f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
-              f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']})."]
+              (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
+              f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
     return "\n".join(lines)
 
 
@@ -117,7 +117,7 @@ def record_problems(results: Path) -> list[str]:
 
 
 def readme_block(readme: str) -> str | None:
-    m = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), readme, re.S)
+    m = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), readme, re.DOTALL)
     return m.group(1).removesuffix("\n") if m else None
 
 
@@ -155,7 +155,7 @@ def write(root: Path = REPO) -> None:
     if readme_block(readme) is None:
         raise SystemExit(f"README.md has no results block: add the two marker lines\n{BEGIN}\n{END}")
     new = re.sub(re.escape(BEGIN) + r"\n.*?" + re.escape(END),
-                 lambda _: f"{BEGIN}\n{render_headline(results)}\n{END}", readme, flags=re.S)
+                 lambda _: f"{BEGIN}\n{render_headline(results)}\n{END}", readme, flags=re.DOTALL)
     (root / "README.md").write_text(new, encoding="utf-8")
 
 

@@ -25,6 +25,7 @@ SMOKES = {"throughput": ["--dtypes", "float32"],
           "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
           "ablation_paired": ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft", "--jobs", "2"],
           "concurrency": [],
+          "critic": ["--preset", "cpu-demo"],
           "provider_samples": [],
           "memory": []}
 

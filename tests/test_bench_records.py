@@ -30,7 +30,7 @@ def _run(variant: str, seed: int, greedy: float, long: float) -> dict:
 
 
 def _record(path: Path, extra: list[str], steps: int = 30) -> str:
-    cfg = {"preset": "chain-demo", "steps": steps, "eval_interval": 15, "extra_overrides": extra, "mode": "full"}
+    cfg = {"preset": "chain-noisy-sft", "steps": steps, "eval_interval": 15, "extra_overrides": extra, "mode": "full"}
     path.write_text(json.dumps({"config": cfg, "runs": [_run("vapo", 1, 0.5, 0.2), _run("grpo", 1, 0.4, 0.1)]}))
     return str(path)
 
@@ -39,10 +39,10 @@ def test_reuse_needs_the_same_extra_overrides(tmp_path: Path):
     lr = ["training.learning_rate=2e-4"]
     a = _record(tmp_path / "a.json", lr)
     b = _record(tmp_path / "b.json", [])
-    assert set(ablation.reusable(a, 30, 15, "chain-demo", tuple(lr))) == {("vapo", 1), ("grpo", 1)}
-    assert ablation.reusable(a, 30, 15, "chain-demo", ()) == {}
-    assert ablation.reusable(b, 30, 15, "chain-demo", tuple(lr)) == {}
-    assert ablation.reusable(a, 60, 15, "chain-demo", tuple(lr)) == {}
+    assert set(ablation.reusable(a, 30, 15, "chain-noisy-sft", tuple(lr))) == {("vapo", 1), ("grpo", 1)}
+    assert ablation.reusable(a, 30, 15, "chain-noisy-sft", ()) == {}
+    assert ablation.reusable(b, 30, 15, "chain-noisy-sft", tuple(lr)) == {}
+    assert ablation.reusable(a, 60, 15, "chain-noisy-sft", tuple(lr)) == {}
     assert ablation.reusable(a, 30, 15, "cpu-demo", tuple(lr)) == {}
     assert ablation.parse_args(["--set", lr[0], "--set", "vapo.alpha=0.5"]).overrides == [lr[0], "vapo.alpha=0.5"]
 

@@ -39,7 +39,6 @@ from .fsdp import is_sharded
 from .replay import replay_count
 from .setup import Trainer, build_trainer
 from .sharded_checkpoint import save_sharded
-from .streams import PHASES
 from .update import update_step
 
 
@@ -135,7 +134,7 @@ def _collect(tr: Trainer, phase: str, ask_provider: bool = False) -> tuple[Rollo
     share = cfg.prompts_per_step // w.world_size
     mine = prompts[w.rank * share:(w.rank + 1) * share]
     problems = [p for p in mine for _ in range(cfg.vapo.group_size)]
-    with streams.seeded(seed, "sampling", PHASES.index(phase), index, w.rank, device=tr.models.device):
+    with streams.seeded(seed, "sampling", phase, index, w.rank, device=tr.models.device):
         ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
     return attach_old_outputs(tr.models, ro, cfg.micro_batch_size), streams.digest([p.prompt for p in prompts])

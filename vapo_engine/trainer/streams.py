@@ -24,28 +24,25 @@ from collections.abc import Iterator
 
 import torch
 
-PHASES = ("policy", "pretrain")
-"""The two kinds of rollout a run samples: policy steps and value-pretraining rounds."""
 
-
-def seed_of(seed: int, name: str, *index: int) -> int:
+def seed_of(seed: int, name: str, *index: int | str) -> int:
     """A 63-bit seed for draw `index` of stream `name` of a run with `seed` (stable across processes)."""
     key = ":".join(str(x) for x in (seed, name, *index))
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def rng(seed: int, name: str, *index: int) -> random.Random:
+def rng(seed: int, name: str, *index: int | str) -> random.Random:
     """A Python generator for draw `index` of stream `name`."""
     return random.Random(seed_of(seed, name, *index))
 
 
-def generator(seed: int, name: str, *index: int) -> torch.Generator:
+def generator(seed: int, name: str, *index: int | str) -> torch.Generator:
     """A CPU torch generator for draw `index` of stream `name`."""
     return torch.Generator().manual_seed(seed_of(seed, name, *index))
 
 
 @contextlib.contextmanager
-def seeded(seed: int, name: str, *index: int, device: torch.device | None = None) -> Iterator[None]:
+def seeded(seed: int, name: str, *index: int | str, device: torch.device | None = None) -> Iterator[None]:
     """Seed torch's global RNG (CPU, and `device` when it is CUDA) for the block; the caller's state is
     restored afterwards. For code that draws from the global RNG (`model.generate`)."""
     devices = [device] if device is not None and device.type == "cuda" else []
