@@ -224,14 +224,36 @@ def shared_critics(args, seeds: list[int], extra: tuple[str, ...]) -> dict[int, 
     return {s: pretrain_critic(args, s, extra) for s in seeds}
 
 
-def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: tuple[str, ...]) -> list[dict]:
-    """The paired design: rows spend `args.budget` rollouts each, shared value pretraining included."""
-    critics = shared_critics(args, seeds, extra)
+def reusable_budget(paths: str | None, meta: dict) -> tuple[dict, dict, list[float]]:
+    """Runs (by (variant, seed)), critics (by seed) and invocation wall times of earlier paired records made with
+    exactly this design (preset, budget, eval interval, every-row overrides): seeds or rows can be added later."""
+    runs, critics, walls = {}, {}, []
+    keys = ("preset", "budget_rollouts", "eval_interval", "extra_overrides", "metric", "smoke")
+    for path in [p for p in (paths or "").split(",") if p and Path(p).is_file()]:
+        rec = json.loads(Path(path).read_text(encoding="utf-8"))
+        if rec.get("design") != "paired_budget" or any(rec["config"].get(k) != meta[k] for k in keys):
+            continue
+        for r in rec["runs"]:
+            runs.setdefault((r["variant"], r["seed"]), {**r, "reused_from": r.get("reused_from", path)})
+        critics |= {int(s): c for s, c in rec.get("critics", {}).items() if int(s) not in critics}
+        walls += rec.get("wall_s_invocations", [rec.get("wall_s_total")])
+    return runs, critics, walls
+
+
+def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: tuple[str, ...],
+               old: dict | None = None, old_critics: dict | None = None) -> tuple[list[dict], dict]:
+    """The paired design: rows spend `args.budget` rollouts each, shared value pretraining included; `old` runs
+    (and their critics) are taken as they are. Returns the runs and the critics by seed."""
+    old, old_critics = old or {}, old_critics or {}
+    fresh = [s for s in seeds if s not in old_critics]
+    critics = {**{s: old_critics[s] for s in seeds if s in old_critics}, **shared_critics(args, fresh, extra)}
     base, _ = common.load_bench_config("vapo", extra, args.preset)
     upr = base.training.batch_size // base.mini_batch_size * base.training.ppo_epochs
     cells = {}
     for seed in seeds:
         for v in variants:
+            if (v, seed) in old:
+                continue
             uses = common.load_bench_config(v, extra, args.preset)[0].decisions.value_pretrain_steps > 0
             c = critics[seed]
             if uses and c["rollouts"] >= args.budget:
@@ -244,21 +266,22 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
     else:
         done = {k: common.run_variant(k[0], k[1], n, every, (*extra, *m), preset=args.preset)
                 for k, (n, m, _) in cells.items()}
-    runs = []
     for (v, seed), (n, _, c) in cells.items():
-        r = done[v, seed]
-        r.update(variant=v, pretrain_rollouts=c["rollouts"] if c else 0, updates_per_rollout=upr,
-                 shared_critic=None if c is None else {k: c[k] for k in ("rounds", "responses", "wall_s")}
-                 | {"last_heldout_explained_var": (c["heldout_explained_var"] or [None])[-1]})
-        runs.append(r)
-        print(f"{v:>20} seed {seed}: {args.metric} {r['curve'][0][args.metric]:.3f} -> "
-              f"{r['curve'][-1][args.metric]:.3f}, {r['wall_s']:.0f} s", flush=True)
-    return runs
+        done[v, seed].update(variant=v, pretrain_rollouts=c["rollouts"] if c else 0, updates_per_rollout=upr,
+                             shared_critic=None if c is None else {k: c[k] for k in ("rounds", "responses", "wall_s")}
+                             | {"last_heldout_explained_var": (c["heldout_explained_var"] or [None])[-1]})
+    runs = [old.get((v, s)) or done[v, s] for s in seeds for v in variants]
+    for r in runs:
+        print(f"{r['variant']:>20} seed {r['seed']}: {args.metric} {r['curve'][0][args.metric]:.3f} -> "
+              f"{r['curve'][-1][args.metric]:.3f}, {r['wall_s']:.0f} s" + (" (reused)" if "reused_from" in r else ""),
+              flush=True)
+    return runs, critics
 
 
-def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, load0) -> Path:
+def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, load0, walls: list) -> Path:
     table = paired.compare(runs, meta["variants"], args.metric, args.budget, args.target)
-    record = {"config": meta, "complete": True, "wall_s_total": round(time.time() - t0, 1),
+    wall = round(time.time() - t0, 1)
+    record = {"config": meta, "complete": True, "wall_s_total": wall, "wall_s_invocations": [*walls, wall],
               "load_avg_start": load0, "load_avg_end": common.load_avg(), "design": "paired_budget",
               "critics": {str(s): c for s, c in critics.items()}, "table": table, "runs": runs,
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
@@ -280,9 +303,10 @@ def main(argv=None) -> dict:
         t0, load0 = time.time(), common.load_avg()
         meta = {"preset": args.preset, "budget_rollouts": args.budget, "seeds": seeds, "eval_interval": every,
                 "metric": args.metric, "threshold": args.target, "variants": variants, "extra_overrides": list(extra),
-                "smoke": args.smoke}
-        runs = run_budget(args, seeds, variants, every, extra)
-        path = save_budget(args, meta, runs, shared_critics(args, seeds, extra), t0, load0)
+                "smoke": args.smoke, "reuse": args.reuse}
+        old, old_critics, walls = reusable_budget(args.reuse, meta)
+        runs, critics = run_budget(args, seeds, variants, every, extra, old, old_critics)
+        path = save_budget(args, meta, runs, critics, t0, load0, walls)
         print(f"wrote {path} and {path.with_suffix('.png')} in {time.time() - t0:.0f} s")
         return json.loads(path.read_text(encoding="utf-8"))
     variants = [v for v in args.variants.split(",") if v]
