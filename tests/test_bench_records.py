@@ -133,3 +133,23 @@ def test_check_names_records_that_cannot_be_reproduced(tmp_path: Path):
     assert problems == ["sample_efficiency.json: command names a path outside the repository ('/tmp/x')"]
     path.write_text(json.dumps({**rec, "command": "python /home/me/sweep.py"}))
     assert "is not a bench/ script" in report.record_problems(root / "bench" / "results")[0]
+
+
+def test_critic_ceiling_removes_the_monte_carlo_noise():
+    """Returns R ~ Bernoulli(V) per state; Monte-Carlo values from m = 4 continuations are noisy, so their own EV
+    is below the true value function's (Var V / Var R); the ceiling adds the noise back and lands on it."""
+    import random
+
+    import critic
+    rng = random.Random(0)
+    v = [rng.choice([0.1, 0.3, 0.6, 0.9]) for _ in range(20000)]
+    ret = [float(rng.random() < x) for x in v]
+    mc = [sum(rng.random() < x for _ in range(4)) / 4 for x in v]
+    groups = [i // 16 for i in range(len(v))]
+    t = critic.ev_table(ret, v, mc, groups, 4)["overall"]
+    mean_v = sum(v) / len(v)
+    var_v = sum((x - mean_v) ** 2 for x in v) / len(v)
+    mean_r = sum(ret) / len(ret)
+    truth = var_v / (mean_r * (1 - mean_r))
+    assert t["critic"] == pytest.approx(truth, abs=0.02)  # the true V as the critic
+    assert t["monte_carlo"] < truth - 0.05 and t["ceiling"] == pytest.approx(truth, abs=0.02)
