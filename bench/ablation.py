@@ -19,10 +19,11 @@ critic took; rows of a seed draw identical policy-step prompts (trainer/streams.
 area under the held-out curve over the budget (`--metric`, default sampled accuracy), with the rollouts to
 `--target` beside it; each row is compared with VAPO seed by seed, Holm-corrected over the rows:
 
-    .venv/bin/python bench/ablation.py --preset chain-noisy-sft --budget 24 --seeds 1,2,3,4,5 \
+    .venv/bin/python bench/ablation.py --preset chain-noisy-sft --budget 20 --seeds 1,2,3,4,5 --target 0.6 \
         --variants vapo,no_value_pretrain,no_decoupled_gae,no_length_adaptive,no_positive_lm,grpo,rft \
-        --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 --jobs 2 \
-        --name ablation_chain_paired
+        --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 \
+        --set eval.samples_per_problem=1 --set vapo.value_pretrain_steps=4 --set vapo.value_pretrain_patience=0 \
+        --jobs 2 --name ablation_chain_paired
 """
 from __future__ import annotations
 
