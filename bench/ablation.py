@@ -167,7 +167,7 @@ def _children(args, cells: list, argv, result) -> dict:
     env = worker_env(concurrent=args.jobs)
     with tempfile.TemporaryDirectory(prefix="vapo-ablation-") as tmp:
         def one(cell) -> dict:
-            out = Path(tmp) / "-".join(map(str, cell))
+            out = Path(tmp) / "-".join(map(str, cell if isinstance(cell, tuple) else (cell,)))
             r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv(cell), "--out", str(out)],
                                env=env, capture_output=True, text=True, check=False)
             if r.returncode:

@@ -80,9 +80,11 @@ def render_headline(results: Path) -> str:
     if rec is None:
         return "No headline record yet: run `bench/ablation.py --budget …` (docs/results.md lists every record)."
     c = rec["config"]
-    lines = [(f"On `builtin:chain` (preset {c['preset']}), {len(c['seeds'])} paired seeds, {c['budget_rollouts']} "
-             f"rollouts per row (value pretraining included), primary metric the area under the held-out "
-             f"{c['metric']} curve of the long end:"), "",
+    bench = next((o.split("=", 1)[1].strip('"') for o in c.get("extra_overrides", []) if o.startswith("eval.benchmark=")),
+                 "the preset's benchmark")
+    lines = [(f"Preset `{c['preset']}`, {len(c['seeds'])} paired seeds, {c['budget_rollouts']} rollouts per row (value "
+              f"pretraining included); primary metric: the area under the held-out {c['metric']} accuracy curve on "
+              f"`{bench}` (the mean accuracy over the budget):"), "",
              "| row | area (mean over seeds) | Δ vs VAPO [Holm interval] | resolved |", "|---|---|---|---|"]
     for row in rec["table"]:
         t = row.get("vs_base")
