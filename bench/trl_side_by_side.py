@@ -16,8 +16,9 @@ The same on all three sides:
   HF's default schedule and no-decay groups are not used); gradient clipping at max_grad_norm;
 - held-out evaluation: `vapo_engine.rollout.evaluate.evaluate`, same problems and seeds, at step 0, at the first
   rollout boundary past each multiple of eval_interval, and at the end;
-- prompts: TRL GRPO and our GRPO get the same sequence (`task.train_batch` on random.Random(seed); TRL
-  shuffle_dataset=False); VAPO's value pretraining draws from that stream first, so its policy steps see later ones.
+- prompts: TRL GRPO, our GRPO and our VAPO get the same sequence (rollout k's prompts come from the trainer's
+  policy-prompt stream at k, vapo_engine/trainer/streams.py; TRL shuffle_dataset=False); VAPO's value pretraining
+  draws from its own stream, so its policy steps see the same prompts as the others.
 
 Not the same (TRL GRPO vs our GRPO: one algorithm, two implementations):
 - generation: TRL's loop (tokenise, `model.generate` with its GenerationConfig, EOS masking, decode) vs
@@ -46,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -150,12 +150,13 @@ def run_trl(args, task: str, model_dir: Path, steps: int, every: int) -> dict:
 
     from vapo_engine.algo.schedule import warmup_constant
     from vapo_engine.tasks import get_task
+    from vapo_engine.trainer import streams
 
     cfg, _ = bench_config("grpo", args, task, model_dir, steps, every)
     t, task_obj, per_rollout = cfg.training, get_task(task), steps_per_rollout(cfg)
-    rng = random.Random(args.seed)  # the trainer's prompt stream (Trainer.rng = random.Random(seed))
-    n_rollouts = -(-steps // per_rollout)
-    problems = [p for _ in range(n_rollouts) for p in task_obj.train_batch(cfg.prompts_per_step, rng)]
+    n_rollouts = -(-steps // per_rollout)  # our trainer's prompts of rollout k (its policy-prompt stream)
+    problems = [p for k in range(n_rollouts)
+                for p in task_obj.train_batch(cfg.prompts_per_step, streams.rng(args.seed, "policy_prompts", k))]
     data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
 
     def task_reward(completions, answer, **_):
