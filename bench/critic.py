@@ -10,8 +10,12 @@
    overall and within prompt groups (what a per-prompt baseline leaves to explain). The true value function's
    EV, the ceiling any critic can reach, is the Monte-Carlo values' EV with their sampling noise taken out.
 
-    .venv/bin/python bench/critic.py [--preset chain-noisy-sft] [--lrs 1e-3] [--epochs 4] [--rounds 20]
+    .venv/bin/python bench/critic.py [--preset chain-noisy-sft] [--lrs 1e-3] [--epochs 4] [--rounds 4,20]
                                      [--prompts 32 --group 4 --continuations 8] [--smoke] [--out DIR]
+
+Every sweep run's critic is measured against the same states and the same Monte-Carlo values; with the
+defaults the 4-round critic is the one the paired ablation's rows share for seed 1 (same seed, prompts and
+updates: value-pretraining draws come from their own stream).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ def sweep_run(preset: str, lr: float, warmup: int, epochs: int, rounds: int, ext
             f"vapo.value_pretrain_steps={rounds}", "vapo.value_pretrain_patience=0",
             f"vapo.value_pretrain_epochs={epochs}", *extra]
     cfg = load_config(REPO / "config.toml", over, preset=preset)
-    info = create_run(cfg, settings_with_seed(1), tmp, run_id=f"lr{lr}-w{warmup}-e{epochs}", overrides=over,
+    info = create_run(cfg, settings_with_seed(1), tmp, run_id=f"lr{lr}-w{warmup}-e{epochs}-r{rounds}", overrides=over,
                       preset=preset,
                       extra={"mode": "value_pretrain"})
     t0 = time.perf_counter()
@@ -42,7 +46,8 @@ def sweep_run(preset: str, lr: float, warmup: int, epochs: int, rounds: int, ext
     recs = [r for r in RunDir(info.run_dir).metrics() if r.get("kind") == "pretrain"]
     curve = [r.get("critic/pretrain_explained_var") for r in recs]
     finite = [x for x in curve if x is not None and math.isfinite(x)]
-    return {"lr": lr, "warmup": warmup, "epochs": epochs, "curve": curve, "last3": sum(finite[-3:]) / max(1, len(finite[-3:])),
+    return {"name": f"lr {lr:g}, {epochs} passes, {rounds} rounds", "lr": lr, "warmup": warmup, "epochs": epochs,
+            "rounds": rounds, "curve": curve, "last3": sum(finite[-3:]) / max(1, len(finite[-3:])),
             "best": max(finite, default=None), "seconds": round(time.perf_counter() - t0, 1),
             "value_path": summary["value_path"], "breakdown_last": {k: v for k, v in (recs[-1] if recs else {}).items()
                                                                     if k.startswith("critic/pretrain_ev_")}}
@@ -93,8 +98,8 @@ def mc_values(models, task, ro, problems, states, m: int, cfg, seed: int) -> lis
     return rewards
 
 
-def ev_table(ret: list[float], critic: list[float], mc: list[float], groups: list[int], m: int) -> dict:
-    """Explained variance of the critic and of the Monte-Carlo values against the returns, pooled over the
+def ev_table(ret: list[float], preds: dict[str, list[float]], mc: list[float], groups: list[int], m: int) -> dict:
+    """Explained variance of each critic (`preds`, by name) and of the Monte-Carlo values against the returns, pooled over the
     states given: overall and within prompt groups (each prompt's mean removed from returns and residuals: what
     a per-prompt baseline such as GRPO's leaves to explain). `ceiling` is the EV of the true value function,
     estimated from the m-sample Monte-Carlo values with their sampling noise taken out (E[(R − V̂)²] =
@@ -110,7 +115,7 @@ def ev_table(ret: list[float], critic: list[float], mc: list[float], groups: lis
         noise = sum(v * (1 - v) / (m - 1) * ((1 - 1 / size[g]) if within else 1.0)
                     for v, g in zip(mc, groups)) if m > 1 else 0.0
         ev = {k: 1 - _sq(_centre([r - x for r, x in zip(ret, pred)], groups, within)) / ss
-              for k, pred in (("critic", critic), ("monte_carlo", mc))}
+              for k, pred in (*preds.items(), ("monte_carlo", mc))}
         out[name] = {**ev, "ceiling": ev["monte_carlo"] + noise / ss}
     return out
 
@@ -127,9 +132,10 @@ def _sq(xs: list[float]) -> float:
     return sum(x * x for x in xs)
 
 
-def ceiling(preset: str, value_path: str, n_prompts: int, group: int, m: int, extra: list[str]) -> dict:
-    """On held-out prompts (`group` responses each, the initial policy): the critic's values and Monte-Carlo
-    values (`m` continuations) at every line start and right after every sign, against the returns."""
+def ceiling(preset: str, critics: dict[str, str], n_prompts: int, group: int, m: int, extra: list[str]) -> dict:
+    """On held-out prompts (`group` responses each, the initial policy): each critic's values (`critics`: name →
+    value model folder) and Monte-Carlo values (`m` continuations) at every line start and right after every sign,
+    against the returns."""
     import torch
 
     from vapo_engine.config import load_config
@@ -139,15 +145,16 @@ def ceiling(preset: str, value_path: str, n_prompts: int, group: int, m: int, ex
     from vapo_engine.trainer.models import load_models, pick_device, resolve_model_path
     cfg = load_config(REPO / "config.toml", extra, preset=preset)
     task = get_task(cfg.data.train)
-    models = load_models(resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train),
-                         value_path=value_path, need_value=True, reference_path=None, device=pick_device("cpu"),
-                         autocast_dtype=None)
+    base = resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train)
+    load = (lambda path: load_models(base, value_path=path, need_value=True, reference_path=None,
+                                     device=pick_device("cpu"), autocast_dtype=None))
+    models = load(next(iter(critics.values())))
     problems = [q for q in task.heldout(n_prompts) for _ in range(group)]
     with streams.seeded(1, "critic_rollout", 0):
         ro = sample_rollout(models, task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p)
     with torch.no_grad():
-        values = response_values(models.value, ro)
+        values = {name: response_values(load(path).value, ro) for name, path in critics.items()}
     p = ro.prompt_len
     states = [(i, b, kind) for i in range(ro.size)
               for b, kind in states_of(models.tokenizer, ro.input_ids[i, p:p + int(ro.response_mask[i].sum())].tolist())]
@@ -155,16 +162,16 @@ def ceiling(preset: str, value_path: str, n_prompts: int, group: int, m: int, ex
     mc = mc_values(models, task, ro, problems, [(i, b) for i, b, _ in states], m, cfg, seed=1)
     seconds = time.perf_counter() - t0
     ret = [float(ro.scores[i]) for i, _, _ in states]
-    crit = [float(values[i, b]) for i, b, _ in states]
+    crit = {name: [float(v[i, b]) for i, b, _ in states] for name, v in values.items()}
     grp = [i // group for i, _, _ in states]
     by_kind = {}
     for kind in ("all", "line", "decision"):
         sel = [k for k, (_, _, c) in enumerate(states) if kind in ("all", c)]
         if len(sel) < 2:
             continue
-        by_kind[kind] = ev_table([ret[k] for k in sel], [crit[k] for k in sel], [mc[k] for k in sel],
-                                 [grp[k] for k in sel], m)
-    return {"prompts": n_prompts, "group": group, "responses": ro.size, "continuations": m,
+        by_kind[kind] = ev_table([ret[k] for k in sel], {n: [c[k] for k in sel] for n, c in crit.items()},
+                                 [mc[k] for k in sel], [grp[k] for k in sel], m)
+    return {"prompts": n_prompts, "group": group, "responses": ro.size, "continuations": m, "critics": list(critics),
             "accuracy": float(ro.correct.float().mean()), "mean_response_length": float(ro.lengths.float().mean()),
             "monte_carlo_seconds": round(seconds, 1), "ev": by_kind}
 
@@ -173,10 +180,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="chain-noisy-sft")
     ap.add_argument("--lrs", default="1e-3", help="critic learning rates to sweep")
-    ap.add_argument("--warmups", default="0", help="warm-up optimizer steps to sweep")
+    ap.add_argument("--warmups", default="5", help="warm-up optimizer steps to sweep (5: the chain presets')")
     ap.add_argument("--epochs", default="4", help="passes over each value-pretraining rollout to sweep")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
-    ap.add_argument("--rounds", type=int, default=20, help="value-pretraining rounds per sweep run")
+    ap.add_argument("--rounds", default="4,20", help="value-pretraining rounds of the sweep runs (comma-separated)")
     ap.add_argument("--prompts", type=int, default=32, help="held-out prompts of the ceiling comparison")
     ap.add_argument("--group", type=int, default=4, help="responses per held-out prompt")
     ap.add_argument("--continuations", type=int, default=8, help="Monte-Carlo continuations per state")
@@ -186,28 +193,29 @@ def main() -> None:
     lrs = [float(x) for x in a.lrs.split(",")] if not a.smoke else [1e-3]
     warmups = [int(x) for x in a.warmups.split(",")] if not a.smoke else [0]
     epochs = [int(x) for x in a.epochs.split(",")] if not a.smoke else [1]
-    rounds = 2 if a.smoke else a.rounds
+    rounds = [2] if a.smoke else [int(x) for x in a.rounds.split(",")]
     extra = [*a.set, *(["training.batch_size=16", "training.mini_batch_size=16", "eval.num_problems=4",
                         "model.max_tokens=40"] if a.smoke else [])]
     sizes = (2, 2, 3) if a.smoke else (a.prompts, a.group, a.continuations)
     t0, load0 = time.perf_counter(), load_avg()
     with tempfile.TemporaryDirectory(prefix="vapo-critic-") as tmp:
         runs = []
-        for lr in lrs:
-            for w in warmups:
-                for e in epochs:
-                    r = sweep_run(a.preset, lr, w, e, rounds, extra, Path(tmp))
-                    print(f"lr {lr:g} warmup {w} epochs {e}: held-out EV last3 {r['last3']:.3f} best {r['best']} "
-                          f"({r['seconds']:.0f}s)", flush=True)
-                    runs.append(r)
+        for n in rounds:
+            for lr in lrs:
+                for w in warmups:
+                    for e in epochs:
+                        r = sweep_run(a.preset, lr, w, e, n, extra, Path(tmp))
+                        print(f"{r['name']}: held-out EV last3 {r['last3']:.3f} best {r['best']} "
+                              f"({r['seconds']:.0f}s)", flush=True)
+                        runs.append(r)
         best = max(runs, key=lambda r: r["last3"])
-        top = ceiling(a.preset, best["value_path"], *sizes, extra)
+        top = ceiling(a.preset, {r["name"]: r["value_path"] for r in runs}, *sizes, extra)
     for kind, t in top["ev"].items():
         for scope in ("overall", "within_prompt"):
             row = t.get(scope)
             if row:
-                print(f"  {kind:8} {scope:13} critic {row['critic']:+.3f}  Monte-Carlo {row['monte_carlo']:+.3f}  "
-                      f"ceiling {row['ceiling']:+.3f}  ({t['states']} states)")
+                print(f"  {kind:8} {scope:13} " + "  ".join(f"{k} {v:+.3f}" for k, v in row.items())
+                      + f"  ({t['states']} states)")
     record = {"config": {"preset": a.preset, "rounds": rounds, "smoke": a.smoke, "lrs": lrs, "warmups": warmups,
                          "epochs": epochs, "overrides": extra, "prompts": sizes[0], "group": sizes[1],
                          "continuations": sizes[2]},
@@ -227,7 +235,7 @@ def _plot(runs: list[dict], top: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
         a.plot(range(1, len(r["curve"]) + 1), [x if x is not None else float("nan") for x in r["curve"]],
-               label=f"lr {r['lr']:g}, warm-up {r['warmup']}, epochs {r['epochs']}")
+               label=r["name"])
     a.set_xlabel("value-pretraining round")
     a.set_ylabel("held-out explained variance")
     a.legend(fontsize=7)
@@ -235,10 +243,12 @@ def _plot(runs: list[dict], top: dict, path: Path) -> None:
     bars = [(f"{k}\n{s.replace('_', ' ')}", t[s]) for k, t in top["ev"].items() for s in ("overall", "within_prompt")
             if t.get(s)]
     xs = range(len(bars))
-    mc_label = f"Monte-Carlo ({top['continuations']} continuations)"
-    for off, key, label in ((-0.27, "critic", "critic"), (0.0, "monte_carlo", mc_label),
-                            (0.27, "ceiling", "ceiling (noise removed)")):
-        b.bar([x + off for x in xs], [row[key] for _, row in bars], 0.27, label=label)
+    keys = [*top["critics"], "monte_carlo", "ceiling"]
+    width = 0.8 / len(keys)
+    for j, key in enumerate(keys):
+        label = {"monte_carlo": f"Monte-Carlo ({top['continuations']} continuations)",
+                 "ceiling": "ceiling (noise removed)"}.get(key, f"critic: {key}")
+        b.bar([x + (j - (len(keys) - 1) / 2) * width for x in xs], [row[key] for _, row in bars], width, label=label)
     b.set_xticks(list(xs), [n for n, _ in bars], fontsize=7)
     b.set_ylabel("explained variance vs returns")
     b.legend(fontsize=7)

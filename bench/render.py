@@ -120,27 +120,24 @@ def _resolution(table: list[dict], n_seeds: int) -> str:
 
 
 def critic(rec: dict) -> str:
-    """The critic's EV against the Monte-Carlo ceiling, by kind of state."""
+    """Each critic's EV against the Monte-Carlo ceiling, by kind of state."""
     c, top = rec["config"], rec["ceiling"]
-    head = ("| states | scope | critic EV | Monte-Carlo EV | ceiling (true value's EV, noise removed) | "
-            "critic / ceiling | states measured |")
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    names = top["critics"]
+    head = ("| states | scope | " + " | ".join(f"critic EV: {n}" for n in names)
+            + " | Monte-Carlo EV | ceiling (true value's EV) | states measured |")
+    lines = [head, "|---|---|" + "---|" * (len(names) + 3)]
     for kind, t in top["ev"].items():
         for scope in ("overall", "within_prompt"):
             row = t.get(scope)
-            if not row:
-                continue
-            ratio = row["critic"] / row["ceiling"] if row["ceiling"] > 0 else None
-            lines.append(f"| {kind} | {scope.replace('_', ' ')} | {f(row['critic'])} | {f(row['monte_carlo'])} | "
-                         f"{f(row['ceiling'])} | {f(ratio, 2)} | {t['states']} |")
-    b, sweep = rec["best"], rec["sweep"]
-    curve = next((s["curve"] for s in sweep if (s["lr"], s["epochs"]) == (b["lr"], b["epochs"])), [])
-    lines += ["", (f"Preset {c['preset']}; the critic: value pretraining alone, lr {b['lr']:g}, {b['epochs']} passes "
-                   f"per round, {len(curve)} rounds (held-out EV of the last rounds: "
-                   f"{', '.join(f(x, 2) for x in curve[-3:])}). Measured on {top['prompts']} held-out prompts × "
-                   f"{top['group']} responses of the initial policy (accuracy {f(top['accuracy'])}, mean length "
-                   f"{f(top['mean_response_length'], 1)} tokens): at every line start (`line`) and right after every "
-                   f"line's sign (`decision`), the Monte-Carlo value from {top['continuations']} sampled "
+            if row:
+                lines.append(f"| {kind} | {scope.replace('_', ' ')} | " + " | ".join(f(row[n]) for n in names)
+                             + f" | {f(row['monte_carlo'])} | {f(row['ceiling'])} | {t['states']} |")
+    curves = "; ".join(f"{s['name']}: {', '.join(f(x, 2) for x in s['curve'])}" for s in rec["sweep"])
+    lines += ["", (f"Preset {c['preset']}. Critics: value pretraining alone from the initial policy (seed 1), held-out "
+                   f"EV of each round before training on it — {curves}. Measured on {top['prompts']} held-out "
+                   f"prompts × {top['group']} responses of the initial policy (accuracy {f(top['accuracy'])}, mean "
+                   f"length {f(top['mean_response_length'], 1)} tokens): at every line start (`line`) and right after "
+                   f"every line's sign (`decision`), the Monte-Carlo value from {top['continuations']} sampled "
                    "continuations, against the response's return. EV is pooled over all states of a kind; `within "
                    "prompt` removes each prompt's mean first (what a per-prompt baseline leaves). The ceiling is the "
                    "Monte-Carlo EV plus its sampling noise (V̂(1 − V̂)/(m − 1) per state): the EV of the true value "

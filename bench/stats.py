@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 
+
 def welch_ci(a: list[float], b: list[float]) -> dict:
     """Δ = mean(a) − mean(b) with its 95% Welch CI; None fields when either side has < 2 values."""
     a, b = [float(x) for x in a if x is not None], [float(x) for x in b if x is not None]
