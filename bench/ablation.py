@@ -147,7 +147,7 @@ def record_name(preset: str) -> str:
 
 
 def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra: tuple[str, ...],
-              per_cell: dict | None = None) -> dict[tuple[str, int], dict]:
+              per_cell: dict | None = None, on_done=None) -> dict[tuple[str, int], dict]:
     """Train `cells` ((variant, seed) pairs) `args.jobs` at a time, each in a process of this script with
     cores // jobs torch threads; returns each cell's run. `per_cell` {cell: (steps, extra overrides)} replaces
     the common steps / adds overrides for a cell. A failed cell stops the ablation with its stderr."""
@@ -157,10 +157,10 @@ def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra:
         return ["--preset", args.preset, *budget, *[x for o in (*extra, *more) for x in ("--set", o)],
                 "--seeds", str(cell[1]), "--variants", cell[0]]
     return _children(args, cells, argv, lambda out: json.loads(
-        (out / f"{record_name(args.preset)}.json").read_text(encoding="utf-8"))["runs"][0])
+        (out / f"{record_name(args.preset)}.json").read_text(encoding="utf-8"))["runs"][0], on_done)
 
 
-def _children(args, cells: list, argv, result) -> dict:
+def _children(args, cells: list, argv, result, on_done=None) -> dict:
     """Run this script once per cell (`argv(cell) + --out DIR`), `args.jobs` at a time, each with cores // jobs
     torch threads (the run manager's budget); `result(DIR)` reads what a child wrote."""
     from vapo_engine.jobs.threads import worker_env
@@ -179,8 +179,28 @@ def _children(args, cells: list, argv, result) -> dict:
             futures = {pool.submit(one, c): c for c in cells}
             for f in as_completed(futures):
                 done[futures[f]] = f.result()
+                if on_done:
+                    on_done(futures[f], done[futures[f]])
                 print(f"  finished {futures[f]} ({len(done)}/{len(cells)})", flush=True)
         return done
+
+
+def cell_cache(args, cell: tuple[str, int], steps: int, every: int, overrides: tuple[str, ...]) -> Path:
+    """Where a finished run of the paired design is kept (next to the critics), keyed by everything that
+    defines it, so an interrupted ablation restarts where it stopped. Code changes are not in the key: clear
+    bench/.cache after changing the trainer."""
+    key = json.dumps({"preset": args.preset, "cell": list(cell), "steps": steps, "every": every,
+                      "overrides": list(overrides), "smoke": args.smoke}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(args.critic_dir).parent / "cells" / f"{cell[0]}-s{cell[1]}-{digest}.json"
+
+
+def _keep(path: Path, run: dict) -> dict:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(run), encoding="utf-8")
+    tmp.replace(path)
+    return run
 
 
 def critic_dir(args, seed: int, extra: tuple[str, ...]) -> Path:
@@ -251,8 +271,8 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
     base, _ = common.load_bench_config("vapo", extra, args.preset)
     upr = base.training.batch_size // base.mini_batch_size * base.training.ppo_epochs
     cells = {}
-    for seed in seeds:
-        for v in variants:
+    for v in variants:  # row by row: an interrupted design leaves whole rows (every seed) in the cell cache
+        for seed in seeds:
             if (v, seed) in old:
                 continue
             uses = common.load_bench_config(v, extra, args.preset)[0].decisions.value_pretrain_steps > 0
@@ -262,11 +282,16 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
                                  f"seed {seed}): raise --budget or lower vapo.value_pretrain_steps")
             more = (f"model.value_path={json.dumps(c['path'])}", "vapo.value_pretrain_steps=0") if uses else ()
             cells[v, seed] = ((args.budget - (c["rollouts"] if uses else 0)) * upr, more, c if uses else None)
+    cached = {k: cell_cache(args, k, n, every, (*extra, *m)) for k, (n, m, _) in cells.items()}
+    done = {k: json.loads(f.read_text(encoding="utf-8")) for k, f in cached.items() if f.is_file()}
+    todo = [k for k in cells if k not in done]
     if args.jobs > 1:
-        done = run_cells(args, list(cells), 0, every, extra, {k: (n, m) for k, (n, m, _) in cells.items()})
+        done |= run_cells(args, todo, 0, every, extra, {k: cells[k][:2] for k in todo},
+                          on_done=lambda k, r: _keep(cached[k], r))
     else:
-        done = {k: common.run_variant(k[0], k[1], n, every, (*extra, *m), preset=args.preset)
-                for k, (n, m, _) in cells.items()}
+        for k in todo:
+            n, m, _ = cells[k]
+            done[k] = _keep(cached[k], common.run_variant(k[0], k[1], n, every, (*extra, *m), preset=args.preset))
     for (v, seed), (n, _, c) in cells.items():
         done[v, seed].update(variant=v, pretrain_rollouts=c["rollouts"] if c else 0, updates_per_rollout=upr,
                              shared_critic=None if c is None else {k: c[k] for k in ("rounds", "responses", "wall_s")}
