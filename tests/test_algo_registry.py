@@ -36,14 +36,14 @@ def batch():
 
 def test_registry_names_and_lookup():
     assert set(ADVANTAGE_ESTIMATORS) == {"decoupled_gae", "gae", "grpo"}
-    assert set(POLICY_LOSSES) == {"clip_higher", "ppo_clip"}
+    assert set(POLICY_LOSSES) == {"clip_higher", "ppo_clip", "none"}
     assert get_policy_loss("clip_higher") is policy_loss_clip_higher
     for name in ADVANTAGE_ESTIMATORS:
         assert get_advantage_estimator(name) is ADVANTAGE_ESTIMATORS[name]
 
 
 @pytest.mark.parametrize("getter,valid", [(get_advantage_estimator, ["decoupled_gae", "gae", "grpo"]),
-                                          (get_policy_loss, ["clip_higher", "ppo_clip"])])
+                                          (get_policy_loss, ["clip_higher", "none", "ppo_clip"])])
 def test_unknown_name_error_lists_valid_names(getter, valid):
     for exc in (KeyError, ValueError):
         with pytest.raises(exc) as info:

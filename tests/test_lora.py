@@ -17,6 +17,7 @@ from tests.engine_helpers import make_run
 from tests.lora_dist_step import ParityReward
 from tests.mcp_helpers import text
 from vapo_engine.config import ConfigError, load_config
+from vapo_engine.trainer import streams
 from vapo_engine.metrics import read_metrics
 
 pytest.importorskip("peft")
@@ -121,7 +122,7 @@ def test_adapter_dropout_is_on_in_update_passes_only(tmp_path, model_dir):
 def test_reference_log_probs_are_the_base_models(trained, model_dir):
     from vapo_engine.rollout.experience import attach_old_outputs, response_log_probs, sample_rollout
     tr = _resumed(trained)
-    problems = tr.task.train_batch(4, tr.rng)
+    problems = tr.task.train_batch(4, streams.rng(0, "policy_prompts", 0))
     ro = attach_old_outputs(tr.models, sample_rollout(tr.models, tr.task, problems, max_new_tokens=8,
                                                       temperature=1.0, top_p=1.0), 4)
     with torch.no_grad():

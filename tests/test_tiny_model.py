@@ -25,6 +25,7 @@ from vapo_engine.builtin_model import (
     make_model_dir,
 )
 from vapo_engine.builtin_model import build as tiny_model
+from vapo_engine.builtin_model.recipes import BUILTIN_VERSION
 from vapo_engine.builtin_model.sft import encode_sft_batch, evaluate, sft_warm_start
 from vapo_engine.rollout.tokenizer import load_tokenizer
 from vapo_engine.tasks import AdditionTask, get_task
@@ -131,7 +132,7 @@ def test_cache_root_prefers_argument_then_env(tmp_path, monkeypatch):
 
 def test_recipe_folder_names_are_versioned_and_distinct():
     default = BuildRecipe().folder_name()
-    assert default == f"tiny-addition-v{tiny_model.BUILTIN_VERSION}"
+    assert default == f"tiny-addition-v{BUILTIN_VERSION}"
     assert BuildRecipe(max_steps=5).folder_name() != default
     assert BuildRecipe(max_steps=5).folder_name() == BuildRecipe(max_steps=5).folder_name()
     assert BuildRecipe(num_threads=1).folder_name() == default

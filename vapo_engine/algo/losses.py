@@ -132,13 +132,24 @@ def policy_loss_clip_higher(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def policy_loss_none(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor,
-                     **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+def policy_loss_none(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = None,
+    reduction: str = "token_mean",
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """No policy-gradient term: a zero loss that keeps the autograd graph, with the ratio statistics of
     :func:`policy_loss_clip_higher` (same arguments and shapes). Rejection-sampling fine-tuning (RFT) uses it:
     its only loss is the positive-example NLL on the policy's own correct samples.
     Implements: L_pg = 0 (the advantages are ignored)."""
-    return policy_loss_clip_higher(log_probs, old_log_probs, torch.zeros_like(advantages), mask, **kwargs)
+    return policy_loss_clip_higher(log_probs, old_log_probs, torch.zeros_like(advantages), mask, clip_low, clip_high,
+                                   dual_clip, reduction, global_token_count, global_seq_count)
 
 
 def policy_loss_ppo_clip(
