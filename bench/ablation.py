@@ -20,10 +20,14 @@ area under the held-out curve over the budget (`--metric`, default sampled accur
 `--target` beside it; each row is compared with VAPO seed by seed, Holm-corrected over the rows:
 
     .venv/bin/python bench/ablation.py --preset chain-noisy-sft --budget 20 --seeds 1,2,3,4,5 --target 0.6 \
-        --variants vapo,no_value_pretrain,no_decoupled_gae,no_length_adaptive,no_positive_lm,grpo,rft \
+        --variants vapo,grpo,rft,no_value_pretrain,no_decoupled_gae,no_length_adaptive,no_positive_lm \
         --eval-interval 4 --set eval.benchmark=builtin:chain-long --set eval.num_problems=96 \
         --set eval.samples_per_problem=1 --set vapo.value_pretrain_steps=4 --set vapo.value_pretrain_patience=0 \
         --jobs 2 --name ablation_chain_paired
+
+Rows run one after another (every seed of a row, `--jobs` at a time); each finished run is kept in
+bench/.cache/cells, so the same command after an interruption continues where it stopped, and a design cut
+short can be written with `--variants` naming the rows that finished.
 """
 from __future__ import annotations
 
@@ -307,7 +311,9 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
 def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, load0, walls: list) -> Path:
     table = paired.compare(runs, meta["variants"], args.metric, args.budget, args.target)
     wall = round(time.time() - t0, 1)
+    work = sum(r["wall_s"] for r in runs) + sum(c.get("wall_s", 0) for c in critics.values())
     record = {"config": meta, "complete": True, "wall_s_total": wall, "wall_s_invocations": [*walls, wall],
+              "wall_s_runs_and_critics_sum": round(work, 1),  # the design's work, also when runs came from the cache
               "load_avg_start": load0, "load_avg_end": common.load_avg(), "design": "paired_budget",
               "critics": {str(s): c for s, c in critics.items()}, "table": table, "runs": runs,
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
@@ -329,7 +335,7 @@ def main(argv=None) -> dict:
         t0, load0 = time.time(), common.load_avg()
         meta = {"preset": args.preset, "budget_rollouts": args.budget, "seeds": seeds, "eval_interval": every,
                 "metric": args.metric, "threshold": args.target, "variants": variants, "extra_overrides": list(extra),
-                "smoke": args.smoke, "reuse": args.reuse}
+                "smoke": args.smoke, "reuse": args.reuse, "jobs": args.jobs}
         old, old_critics, walls = reusable_budget(args.reuse, meta)
         runs, critics = run_budget(args, seeds, variants, every, extra, old, old_critics)
         path = save_budget(args, meta, runs, critics, t0, load0, walls)

@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     from vapo_engine.tasks.chain import ChainTask
     t0, load0, task = time.time(), load_avg(), ChainTask()
     per = 2 if args.smoke else args.per_length
-    models = [None] + ([] if args.smoke else args.policy)
+    models = [None] + ([] if args.smoke else [p for p in dict.fromkeys(args.policy) if p != "builtin:chain"])
     results = []
     for path in models:
         model, tok, name = _load(path, args.smoke)

@@ -93,7 +93,13 @@ def ablation_paired(rec: dict) -> str:
                    "is λ^(T−t)·R before whitening — the return, damped by λ for every token to the end (a decision "
                    "60 tokens before the end gets λ^60 of the last token's weight), with no per-state baseline; "
                    "whitening only subtracts one batch-wide mean — until the critic learns."),
-              "", _resolution(rec["table"], n_seeds), "", machine(rec)]
+              "", _resolution(rec["table"], n_seeds)]
+    if rec.get("wall_s_runs_and_critics_sum"):
+        lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
+                       f"run and shared critic, each in its own process, {c.get('jobs', 1)} at a time on this "
+                       "machine; the wall time below is the last invocation's, which may have taken finished runs "
+                       "from the cache).")]
+    lines += ["", machine(rec)]
     return "\n".join(lines)
 
 
@@ -143,6 +149,19 @@ def critic(rec: dict) -> str:
                    "Monte-Carlo EV plus its sampling noise (V̂(1 − V̂)/(m − 1) per state): the EV of the true value "
                    "function, which no critic can beat."), "", machine(rec)]
     return "\n".join(lines)
+
+
+def critic_summary(rec: dict) -> str:
+    """One sentence: the longest-trained critic's EV over all states against the ceiling, overall and within prompt."""
+    top = rec["ceiling"]
+    name, t = top["critics"][-1], top["ev"]["all"]
+    mine, ceil = t["within_prompt"][name], t["within_prompt"]["ceiling"]
+    share = "none of it (EV ≤ 0)" if mine <= 0 else f"{mine / ceil:.0%} of it"
+    return (f"**The critic** ({name}; `bench/results/critic.json`, {top['continuations']} Monte-Carlo continuations "
+            f"per state, {t['states']} states): explained variance {f(t['overall'][name])} over all states against "
+            f"a ceiling of {f(t['overall']['ceiling'])} for the true value; within prompt groups (what a value-based "
+            f"advantage can add over a per-prompt baseline) the ceiling is {f(ceil)} and this critic explains "
+            f"{share}.")
 
 
 def warm_start(rec: dict) -> str:

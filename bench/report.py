@@ -90,9 +90,12 @@ def render_headline(results: Path) -> str:
         t = row.get("vs_base")
         lines.append(f"| {render._label(row['variant'])} | {render.f(row['area_mean'])} | "
                      f"{'' if t is None else render._interval(t)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} |")
-    lines += ["", render._resolution(rec["table"], len(c["seeds"])),
-              (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
-              f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
+    lines += ["", render._resolution(rec["table"], len(c["seeds"]))]
+    crit = _load(results, "critic")
+    if crit is not None:
+        lines += ["", render.critic_summary(crit)]
+    lines += ["", (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
+                   f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
     return "\n".join(lines)
 
 
