@@ -195,12 +195,19 @@ def throughput(rec: dict) -> str:
     def cell(s: dict, k: str, nd: int, scale: float = 1.0) -> str:
         lo, hi = s[f"{k}_range"]
         return f"{s[k] * scale:.{nd}f} [{lo * scale:.{nd}f}–{hi * scale:.{nd}f}]"
+    over = []
     for d, s in rec["summary"].items():
+        above = s["fraction_of_peak_same_dtype"] > 1  # the matmul probe is then no peak for this dtype
+        over += [d] if above else []
         lines.append(f"| {d} | {cell(s, 'step_time_s', 2)} | {cell(s, 'rollout_time_s', 2)} | "
                      f"{cell(s, 'update_time_s', 2)} | {cell(s, 'rollout_tokens_per_s', 0)} | "
                      f"{cell(s, 'update_samples_per_s', 1)} | {cell(s, 'update_gflops_achieved', 1)} | "
-                     f"{cell(s, 'fraction_of_peak_same_dtype', 1, 100)} |")
+                     f"{'— (see below)' if above else cell(s, 'fraction_of_peak_same_dtype', 1, 100)} |")
     mk, r = p["model_shape"]["m_k_n"], rec["step_time_ratio"]
+    if over:
+        lines += ["", (f"{', '.join(over)}: the update ran faster than the square-matmul probe of the same dtype, so "
+                       "that probe is no peak for this dtype on this machine (why was not measured); no fraction is "
+                       "shown.")]
     lines += ["", (f"Median [min–max] over {c['repeats']} {c['order']} repeats (a fresh trainer each; "
                    f"{c['warmup_steps']} unmeasured + {c['measured_steps']} measured rollout steps of the {c['preset']} "
                    f"VAPO recipe per repeat). Step-time ratio {r['of']} within each round: "
