@@ -200,10 +200,9 @@ def cell_cache(args, cell: tuple[str, int], steps: int, every: int, overrides: t
 
 
 def _keep(path: Path, run: dict) -> dict:
+    from vapo_engine.rundir import write_json_atomic
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(run), encoding="utf-8")
-    tmp.replace(path)
+    write_json_atomic(path, run)
     return run
 
 
