@@ -24,21 +24,23 @@ is that a run-together name such as `DeepSeekR1DistillQwen32B` counts as a token
 """
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-KNOWN_PREFIX = re.compile(
-    r"(?<![A-Za-z0-9])(?:(?:sk|gsk|xai|pk|rk|ak|csk|nvapi|glpat|r8)[-_](?:[A-Za-z0-9]+[-_])*[A-Za-z0-9]{12,}|"
-    r"hf_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{30,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
-    r"xox[abposr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})")
-"""Credentials recognisable by their prefix (OpenAI-style `sk-`, Hugging Face, Google, GitHub, Slack, AWS…)."""
-_URL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/\s?#]+)@")
-_BARE_USERINFO = re.compile(r"(?<![^\s'\"(<=])()([A-Za-z0-9._~%!$&*+,;-]+:[^\s/@'\"]+)@(?=[A-Za-z0-9.-]+)")
-"""`user:pass@host` pasted without a scheme, at the start of a word."""
+from .credentials import (
+    bare_userinfo_spans,
+    bounded,
+    has_known_prefix,
+    replace_spans,
+    scan,
+    url_userinfo_spans,
+)
+
 _TOKEN = re.compile(r"[A-Za-z0-9_.+~-]{16,}={0,2}")
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+_CLASS_RUN = re.compile(r"[a-z]+|[A-Z]+|[0-9]+")
+_SPACE = re.compile(r"\s")
 _CREDENTIAL_NAME = re.compile(r"(?i)(^|[-_])(authorization|auth|api[-_]?key|apikey|key|token|secret|password|"
                               r"passwd|cookie|credentials?)$")
 
@@ -99,41 +101,46 @@ def looks_like_secret(value: object) -> bool:
     if not isinstance(value, str):
         return False
     v = value.strip().strip("\"'`")
-    if len(v) < 16 or "…" in v or "/" in v or "\\" in v or any(c.isspace() for c in v):
+    if len(v) < 16 or "…" in v or "/" in v or "\\" in v or _SPACE.search(v):
         return False
-    if KNOWN_PREFIX.search(v):
+    if has_known_prefix(v):
         return True
     run = max(_ALNUM_RUN.findall(v), key=len, default="")
     if len(run) < 16 or len(set(run)) < 8 or _class_changes(run) < max(2, len(run) // 8):
         return False
-    digit, lower, upper = (any(f(c) for c in run) for f in (str.isdigit, str.islower, str.isupper))
+    digit, lower, upper = (bool(re.search(chars, run)) for chars in ("[0-9]", "[a-z]", "[A-Z]"))
     if digit and lower:
         return True
     return digit and upper and len(run) >= 20
 
 
 def _class_changes(run: str) -> int:
-    """How often the character class (lower, upper, digit) changes along `run`: random tokens change class
-    every one or two characters, words and dates rarely."""
-    classes = [c.isdigit() * 2 + c.isupper() for c in run]
-    return sum(a != b for a, b in itertools.pairwise(classes))
+    """How often the character class (lower, upper, digit) changes along `run` (letters and digits only):
+    random tokens change class every one or two characters, words and dates rarely."""
+    return len(_CLASS_RUN.findall(run)) - 1
 
 
 def strip_url_credentials(text: str) -> str:
     """`https://user:pass@host/…` → `https://user:***@host/…`; a user part that looks like a key (or a URL
-    with a token as its only credential) becomes `***` too."""
-    def repl(m: re.Match) -> str:
-        user, sep, _password = m.group(2).partition(":")
-        shown = "***" if not sep or looks_like_secret(user) or KNOWN_PREFIX.search(user) else user
-        return f"{m.group(1)}{shown}:***@" if sep else f"{m.group(1)}***@"
-    return _BARE_USERINFO.sub(repl, _URL_USERINFO.sub(repl, text))
+    with a token as its only credential) becomes `***` too. Linear in `text` (vapo_engine.config.credentials)."""
+    text = replace_spans(text, url_userinfo_spans(text), _hide_userinfo)
+    return replace_spans(text, bare_userinfo_spans(text), _hide_userinfo)
+
+
+def _hide_userinfo(userinfo: str) -> str:
+    user, sep, _password = userinfo.partition(":")
+    if not sep:
+        return "***"
+    return f"{'***' if looks_like_secret(user) or has_known_prefix(user) else user}:***"
 
 
 def redact_tokens(text: object) -> str:
     """`text` with URL credentials stripped and every token that `looks_like_secret` redacted (for free text
-    that has no known key to compare with: tags, override values, pasted error bodies)."""
-    out = strip_url_credentials("" if text is None else str(text))
-    return _TOKEN.sub(lambda m: redact(m.group(0)) if looks_like_secret(m.group(0)) else m.group(0), out)
+    that has no known key to compare with: tags, override values, pasted error bodies). Text beyond
+    `credentials.MAX_SCAN_CHARS` is dropped."""
+    out = strip_url_credentials(bounded("" if text is None else str(text)))
+    return replace_spans(out, [m.span() for m in scan(_TOKEN, out, reach=18) if looks_like_secret(m.group(0))],
+                         redact)
 
 
 def safe_env_name(name: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import threading
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -28,25 +27,23 @@ from urllib.parse import quote, quote_plus
 from pydantic import BaseModel
 
 from vapo_engine.config import Secret, redact
-from vapo_engine.config.secrets import KNOWN_PREFIX, redact_tokens, strip_url_credentials
+from vapo_engine.config.credentials import (
+    bearer_value_spans,
+    bounded,
+    known_prefix_spans,
+    named_value_spans,
+    replace_spans,
+)
+from vapo_engine.config.secrets import redact_tokens, strip_url_credentials
 
 WINDOW = 8
 """Shortest run of a known key's characters that counts as an echo of it."""
 MIN_WINDOWED = 16
 """Keys at least this long are matched by windows; shorter ones only when whole."""
+STRIDE = WINDOW // 2
 
-_CREDENTIAL_NAMES = (r"(?:x-)?(?:api[ _-]?key|api[_-]?token|apikey)(?:\s+provided)?|"
-                     r"access[_-]?(?:key|token)(?:[_-]?id)?|secret(?:[_-]?(?:access[_-]?)?key)?|private[_-]?key|"
-                     r"client[_-]?secret|key|password|passwd|pwd|(?:auth|refresh|id|session|bearer)[_-]?token|"
-                     r"token|authorization|credentials?")
-_VALUE = r"(?=[A-Za-z0-9_\-.~+/%=]*\d)[A-Za-z0-9_\-.~+/%=]{8,}"
-"""A credential value: 8+ characters, at least one digit (so `os.environ` or `required` stay readable)."""
-_PATTERNS = (
-    re.compile(r"(?i)(bearer\s+)([^\s\"',;}]{6,})"),
-    KNOWN_PREFIX,
-    re.compile(rf"(?i)((?<![A-Za-z0-9_])(?:{_CREDENTIAL_NAMES})(?![A-Za-z0-9_])[\"']?\s*[:=]\s*[\"']?"
-               rf"(?:(?:basic|bearer|token|apikey|key)\s+)?)({_VALUE})"),
-)
+_FINDERS = (bearer_value_spans, known_prefix_spans, named_value_spans)
+"""Credential-shaped text, in the order it is redacted (each linear in its input: config.credentials)."""
 S = TypeVar("S", bound=BaseModel)
 
 
@@ -75,9 +72,11 @@ def _variants(value: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=64)
-def _window_table(values: tuple[str, ...]) -> dict[str, str]:
-    """Every lower-cased `WINDOW`-gram of every variant of the long secrets → the secret it belongs to."""
+def _window_table(values: tuple[str, ...]) -> tuple[dict[str, str], frozenset[str]]:
+    """Every lower-cased `WINDOW`-gram of every variant of the long secrets → the secret it belongs to, and
+    every `STRIDE`-gram of them (the cheap first test, see `_window_starts`)."""
     table: dict[str, str] = {}
+    quads: set[str] = set()
     for value in values:
         if len(value) < MIN_WINDOWED:
             continue
@@ -85,26 +84,37 @@ def _window_table(values: tuple[str, ...]) -> dict[str, str]:
             low = form.lower()
             for i in range(len(low) - WINDOW + 1):
                 table.setdefault(low[i:i + WINDOW], value)
-    return table
+            quads.update(low[i:i + STRIDE] for i in range(len(low) - STRIDE + 1))
+    return table, frozenset(quads)
 
 
 def _lower(text: str) -> str:
     """`text.lower()` with the same length (a few non-ASCII letters lower-case to two characters)."""
-    return text.lower() if text.isascii() else "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
+    low = text.lower()
+    return low if len(low) == len(text) else "".join(c.lower() if len(c.lower()) == 1 else c for c in text)
 
 
-def _mask_windows(text: str, table: dict[str, str]) -> str:
+def _window_starts(low: str, table: dict[str, str], quads: frozenset[str]) -> list[int]:
+    """Every i where low[i:i+WINDOW] is in `table`, probing one position in `STRIDE` first: a window starting
+    at i contains the `STRIDE`-gram at the next multiple of `STRIDE` (it starts at most STRIDE-1 later and
+    ends inside the window), so only windows around such a hit can match."""
+    last = len(low) - WINDOW
+    hits = [j for j in range(0, len(low) - STRIDE + 1, STRIDE) if low[j:j + STRIDE] in quads]
+    return sorted({i for j in hits for i in range(max(0, j - STRIDE + 1), min(j, last) + 1)
+                   if low[i:i + WINDOW] in table})
+
+
+def _mask_windows(text: str, tables: tuple[dict[str, str], frozenset[str]]) -> str:
+    table, quads = tables
     if not table or len(text) < WINDOW:
         return text
-    low, spans = _lower(text), []
-    for i in range(len(low) - WINDOW + 1):
-        value = table.get(low[i:i + WINDOW])
-        if value is None:
-            continue
+    spans: list[list] = []
+    low = _lower(text)
+    for i in _window_starts(low, table, quads):
         if spans and i <= spans[-1][1]:
             spans[-1][1] = i + WINDOW
         else:
-            spans.append([i, i + WINDOW, value])
+            spans.append([i, i + WINDOW, table[low[i:i + WINDOW]]])
     if not spans:
         return text
     out, last = [], 0
@@ -123,19 +133,16 @@ def _mask_known(text: str, values: tuple[str, ...]) -> str:
 
 
 def scrub(text: object, secrets: Iterable[Secret | str | None] = ()) -> str:
-    """`text` with known secrets (and their echoes) and credential-shaped substrings redacted."""
-    out = "" if text is None else str(text)
+    """`text` with known secrets (and their echoes) and credential-shaped substrings redacted. Linear in the
+    input; text beyond `credentials.MAX_SCAN_CHARS` is dropped (with a marker), never returned unscrubbed."""
+    out = bounded("" if text is None else str(text))
     out = _mask_known(out, _values(secrets))
-    for pat in _PATTERNS:
-        out = pat.sub(_replace, out)
+    for find in _FINDERS:
+        out = replace_spans(out, find(out), _redact_once)
     return strip_url_credentials(out)
 
 
-def _replace(m: re.Match) -> str:
-    if m.lastindex == 2:
-        secret = m.group(2)
-        return m.group(1) + (secret if _already_redacted(secret) else redact(secret))
-    secret = m.group(0)
+def _redact_once(secret: str) -> str:
     return secret if _already_redacted(secret) else redact(secret)
 
 
@@ -174,9 +181,17 @@ def truncate(text: str | None, limit: int) -> str:
     return text[: max(0, limit - 30)] + f" …[{len(text) - limit + 30} chars cut]"
 
 
+SAFE_TEXT_MARGIN = 1024
+"""`safe_text` reads this much past `limit`: a key that starts in the part shown is whole in what is scrubbed."""
+
+
 def safe_text(text: object, limit: int, secrets: Iterable[Secret | str | None] = ()) -> str:
-    """Scrubbed, then truncated (scrub first: truncation could cut a key so the patterns miss it)."""
-    return truncate(scrub(text, secrets), limit)
+    """Scrubbed, then truncated (scrub first: truncation could cut a key so the patterns miss it). Only the
+    first `limit + SAFE_TEXT_MARGIN` characters are read, so a huge text costs no more than a short one."""
+    text = "" if text is None else str(text)
+    if len(text) <= limit + SAFE_TEXT_MARGIN:
+        return truncate(scrub(text, secrets), limit)
+    return scrub(text[:limit + SAFE_TEXT_MARGIN], secrets)[:max(0, limit - 30)] + f" …[{len(text) - limit + 30} chars cut]"
 
 
 # --- log records ------------------------------------------------------------------------------------------
