@@ -112,3 +112,22 @@ def test_the_url_and_heuristic_helpers_are_unchanged_on_ordinary_text():
     assert strip_url_credentials("https://user:pa55@host:8080/v1") == "https://user:***@host:8080/v1"
     assert strip_url_credentials("mailto:me@x.org, ssh://git@host/repo") == "mailto:***@x.org, ssh://***@host/repo"
     assert looks_like_secret("sk-abcdefghijklmnop") and not looks_like_secret("experiment20240315")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("piece", ["<title>", "<h1>", "<", "\n", " \n"])
+def test_other_parsers_of_untrusted_text_are_linear(piece):
+    """An HTML error page with thousands of unclosed `<title>`s and a log of blank lines took seconds per
+    40 kB (the lazy `<title>(.*?)</title>` and `^\\s*` retried at each start); 200 kB is now well under a second."""
+    from tools.diagnose import diagnose_error
+    from vapo_engine.providers.errorbody import parse_error_body
+    text = piece * (200_000 // len(piece))
+    assert _cpu(parse_error_body, text) < 1.0
+    assert _cpu(lambda: diagnose_error(text=text, body=text, status=400)) < 1.0
+
+
+def test_a_deeply_nested_error_body_is_text_not_a_crash():
+    from tools.diagnose import diagnose_error
+    from vapo_engine.providers.errorbody import parse_error_body
+    assert parse_error_body("[" * 100_000).shape == "text"
+    assert diagnose_error(body="[" * 100_000, status=400).findings

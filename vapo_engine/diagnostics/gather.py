@@ -67,7 +67,9 @@ _STATUS_PATTERNS = re.compile(
     r"(?:Client|Server) error '(\d{3})|\b(\d{3}) (?:Unauthorized|Forbidden|Not Found|Too Many Requests|"
     r"Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out|Payment Required|Bad Request)\b",
     re.IGNORECASE)
-_EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Timeout))\b", re.MULTILINE)
+_EXC_TYPE = re.compile(r"^[ \t]*([A-Za-z_][\w.]*(?:Error|Exception|Timeout))\b", re.MULTILINE)
+r"""An exception name at the start of a line (`[ \t]*`, not `\s*`: from each of n blank lines `\s*` scans all
+the following ones, which is quadratic)."""
 _DICT_AFTER_CODE = re.compile(r"Error code: \d{3} - (\{.*\})")
 _SECRET_HEADERS = {"authorization", "cookie", "set-cookie", "proxy-authorization", "x-api-key", "api-key",
                    "x-goog-api-key", "x-auth-token", "x-access-token", "x-api-token", "apikey", "api_key"}

@@ -40,6 +40,8 @@ _QUOTA = re.compile(r"insufficient_quota|quota|billing|insufficient[ _]balance|b
                     r"payment|余额|欠费|额度", re.IGNORECASE)
 _COOLDOWN = re.compile(r"cool[ -]?down|temporarily (disabled|suspended|blocked)|too many (failed|invalid|auth)",
                        re.IGNORECASE)
+_TAG = re.compile(r"<[^<>]*>")
+"""A tag (it ends at the next `<` too, so each `<` starts at most one short scan)."""
 _ROUTE_404 = re.compile(r"^\s*(404 page not found|not found|cannot (get|post) /|no route|invalid url|"
                         r"unknown (url|route|endpoint|path))", re.IGNORECASE)
 
@@ -76,7 +78,7 @@ def parse_error_body(body: str | bytes | Mapping | None, secrets: Iterable[Secre
             return None
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an error object
             return _from_text(body, secrets)
     if not isinstance(data, Mapping):
         return None
@@ -135,11 +137,20 @@ def _aggregator(data: Mapping) -> ErrorInfo | None:
 def _from_text(text: str, secrets) -> ErrorInfo:
     stripped = text.strip()
     if stripped.startswith("<"):
-        m = re.search(r"<title>(.*?)</title>", stripped, re.IGNORECASE | re.DOTALL) or re.search(r"<h1>(.*?)</h1>", stripped,
-                                                                                   re.IGNORECASE | re.DOTALL)
-        msg = re.sub(r"\s+", " ", m.group(1)).strip() if m else re.sub(r"<[^>]+>", " ", stripped)
+        inner = _element_text(stripped, "title")
+        inner = _element_text(stripped, "h1") if inner is None else inner
+        msg = re.sub(r"\s+", " ", inner).strip() if inner is not None else _TAG.sub(" ", stripped)
         return ErrorInfo(message=safe_text(msg.strip(), MAX_MESSAGE, secrets), shape="html")
     return ErrorInfo(message=safe_text(stripped.splitlines()[0], MAX_MESSAGE, secrets), shape="text")
+
+
+def _element_text(html: str, tag: str) -> str | None:
+    """The text of the first `<tag>…</tag>` (case-insensitive), found with two scans (a lazy `<tag>(.*?)</tag>`
+    retried after each of many unclosed `<tag>`s is quadratic)."""
+    low = html.lower()
+    start = low.find(f"<{tag}>")
+    end = low.find(f"</{tag}>", start + len(tag) + 2) if start >= 0 else -1
+    return html[start + len(tag) + 2:end] if end >= 0 else None
 
 
 def is_error_payload(data: Any) -> bool:
