@@ -73,3 +73,35 @@ def slot_held(runs_root: Path):
         sleeper.kill()
         sleeper.wait(timeout=10)
         mgr.registry.transition("slot-holder", State.STOPPED, "test placeholder")
+
+
+HTTP_TOKEN = "t0ken-" + "k" * 30
+
+
+def serve_http(ws: Path, port: int, *extra: str, token: str = HTTP_TOKEN, env: dict | None = None
+               ) -> subprocess.Popen:
+    """`vapo-mcp serve --http` for the project `ws` on 127.0.0.1:`port` (a real process), once /health answers."""
+    import httpx
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--http", "--port", str(port),
+                             "--config", str(ws / "config.toml"), "--settings", str(ws / "settings.json"), *extra],
+                            env={**os.environ, "VAPO_MCP_TOKEN": token, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()
+    proc.kill()
+    raise AssertionError("the HTTP server did not answer /health within a minute")
+
+
+async def call_http(port: int, tool: str, args: dict, token: str = HTTP_TOKEN):
+    """One MCP tool call over streamable HTTP with the bearer token."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=300)
+    async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as c:
+        return await c.call_tool(tool, args)

@@ -21,9 +21,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.fake_openai import closed_port
-from tests.mcp_helpers import text
+from tests.mcp_helpers import HTTP_TOKEN as TOKEN
+from tests.mcp_helpers import serve_http, text
 
-TOKEN = "t0ken-" + "k" * 30
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -85,28 +85,14 @@ def test_serve_with_a_one_character_token_exits_2_with_the_fix(proj):
         assert "at least 16" in r.stderr and "export VAPO_MCP_TOKEN=" in r.stderr and "token_urlsafe" in r.stderr
 
 
-def _serve(ws, port: int, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, VAPO_MCP_TOKEN=TOKEN)
-    return subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--http", "--port", str(port), "--config",
-                             str(ws / "config.toml"), "--settings", str(ws / "settings.json"), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 def test_serve_http_allow_path_confines_a_remote_client_end_to_end(proj, tmp_path):
     shared, other = tmp_path / "shared", tmp_path / "other"
     for folder in (shared, other):
         folder.mkdir()
         (folder / "app.log").write_text("openai.RateLimitError: Error code: 429 - rate limit reached\n")
     port = closed_port()
-    proc = _serve(proj, port, "--allow-path", str(shared))
+    proc = serve_http(proj, port, "--allow-path", str(shared))
     try:
-        for _ in range(150):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-
         async def calls():
             http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
             async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as c:

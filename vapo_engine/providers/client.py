@@ -15,7 +15,9 @@ followed (httpx `follow_redirects=False`; a 3xx becomes `RedirectError`, saying 
 
 Everything the server sends is untrusted text: headers, JSON bodies (model ids, answers, usage) and SSE
 chunks are scrubbed of the key (`redaction.py`) before they leave this module, and the key is guarded in the
-HTTP libraries' log records (`guard_logs`), so a server or proxy that echoes the key cannot leak it.
+HTTP libraries' log records (`guard_logs`), so a server or proxy that echoes the key cannot leak it. Bodies
+are read up to a cap (`MAX_RESPONSE_BYTES`; error bodies `MAX_ERROR_BODY_BYTES`, the rest is dropped), and a
+large one is parsed and scrubbed away from the event loop (`offload.off_loop`).
 
 Deliberately not here: tools-level verdicts (tools/channel.py), diagnosis (vapo_engine/diagnostics).
 Environment proxies are honoured except for loopback base URLs (a proxy never serves 127.0.0.1).
@@ -23,7 +25,9 @@ Environment proxies are honoured except for loopback base URLs (a proxy never se
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -35,7 +39,7 @@ from typing_extensions import Self
 
 from vapo_engine.config import Channel, Secret
 
-from .errorbody import is_error_payload, parse_error_body, rate_limit_headers
+from .errorbody import ErrorInfo, parse_error_body, rate_limit_headers
 from .errors import (
     APIConnectionError,
     APITimeoutError,
@@ -48,8 +52,9 @@ from .errors import (
     status_error,
 )
 from .netclass import classify_network_text, exception_text
+from .offload import off_loop, plain
 from .pool import Attempt, ConcurrencyController
-from .redaction import guard_logs, safe_text, scrub, scrub_obj
+from .redaction import guard_logs, safe_text, scrub
 from .retry import RetryPolicy, call_with_retry
 from .sse import read_stream
 from .urls import BaseURL, BaseURLError, normalize_base_url
@@ -57,6 +62,10 @@ from .urls import BaseURL, BaseURLError, normalize_base_url
 log = logging.getLogger("vapo_engine.providers")
 USER_AGENT = "vapo-mcp/0.1"
 MAX_ANSWER = 100_000
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+"""A 2xx body larger than this is refused (`BadResponseError(kind="too_large")`), never read whole."""
+MAX_ERROR_BODY_BYTES = 64 * 1024
+"""Of an error body, only this much is read (what is shown of it is far shorter)."""
 
 
 class ChatResult(BaseModel):
@@ -162,17 +171,14 @@ class ProviderClient:
     def _secrets(self) -> tuple:
         return (self._key,) if self._key else ()
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
-            try:
-                self._http = httpx.AsyncClient(timeout=timeout, trust_env=self.trust_env,
-                                               transport=self._transport, follow_redirects=False)
-            except (ImportError, ValueError) as e:
-                raise APIConnectionError(f"cannot use the proxy from the environment: {e}", kind="proxy_config",
-                                         exc_type=type(e).__name__, url=self.base.url,
-                                         secrets=self._secrets) from None
-        return self._http
+    def _new_client(self) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
+        try:
+            return httpx.AsyncClient(timeout=timeout, trust_env=self.trust_env, transport=self._transport,
+                                     follow_redirects=False, verify=_SSL.get(self.trust_env, True))
+        except (ImportError, ValueError) as e:
+            raise APIConnectionError(f"cannot use the proxy from the environment: {e}", kind="proxy_config",
+                                     exc_type=type(e).__name__, url=self.base.url, secrets=self._secrets) from None
 
     def _slot(self):
         """The concurrency slot of one attempt: the controller's (adaptive), else the fixed semaphore."""
@@ -199,7 +205,7 @@ class ProviderClient:
         if accept_sse:
             headers["Accept"] = "text/event-stream"
         kw = {"url": scrub(url), "model": model, "secrets": self._secrets}
-        client = self._client()
+        client = self._http or await _off_loop_client(self)
         try:
             req = client.build_request(method, url, json=payload, headers=headers)
             resp = await client.send(req, stream=True)
@@ -212,7 +218,7 @@ class ProviderClient:
             raise APIConnectionError(text, kind=kind, exc_type=type(e).__name__, **kw) from None
         if resp.status_code >= 300:
             try:
-                body = (await resp.aread()).decode("utf-8", "replace")
+                body = (await _read_capped(resp, MAX_ERROR_BODY_BYTES))[0].decode("utf-8", "replace")
             except httpx.HTTPError:
                 body = ""
             finally:
@@ -246,20 +252,27 @@ class ProviderClient:
         return await call_with_retry(once, policy, what=f"GET {scrub(url)}", on_retry=self._on_retry)
 
     async def _json(self, resp: httpx.Response, url: str, model: str | None = None) -> Any:
-        """The JSON body, every string in it scrubbed of the key; an error body or non-JSON raises."""
-        raw = await resp.aread()
-        text = raw.decode("utf-8", "replace")
-        kw = {"url": scrub(url), "model": model, "secrets": self._secrets, "headers": resp.headers, "body": text}
+        """The JSON body, every string in it scrubbed of the key; an error body, non-JSON or a body over
+        `MAX_RESPONSE_BYTES` raises."""
+        raw, over = await _read_capped(resp, MAX_RESPONSE_BYTES)
+        kw = {"url": scrub(url), "model": model, "secrets": self._secrets, "headers": resp.headers}
+        if over:
+            raise BadResponseError(f"HTTP {resp.status_code} with a body over {MAX_RESPONSE_BYTES // 2**20} MiB "
+                                   "(the most this client reads); ask for less: lower max_tokens or n",
+                                   kind="too_large", body=raw[:4096].decode("utf-8", "replace"), **kw)
         try:
-            data = resp.json()
-        except ValueError:
+            text = raw.decode(json.detect_encoding(raw))
+            kind, value = await off_loop("decode_body", text, plain(self._secrets), size=len(text))
+        except UnicodeDecodeError:
+            text, kind = raw.decode("utf-8", "replace"), "not_json"
+        if kind == "json":
+            return value
+        if kind == "not_json":
             raise BadResponseError(f"HTTP {resp.status_code} but the body is not JSON: {text[:200]!r}",
-                                   kind="not_json", **kw) from None
-        if is_error_payload(data):
-            info = parse_error_body(data, self._secrets)
-            raise BadResponseError(f"HTTP {resp.status_code} with an error body: {info.short() if info else ''}",
-                                   info=info, **kw)
-        return scrub_obj(data, self._secrets)
+                                   kind="not_json", body=text, **kw)
+        info = ErrorInfo.model_validate(value) if value else None
+        raise BadResponseError(f"HTTP {resp.status_code} with an error body: {info.short() if info else ''}",
+                               info=info, body=text, **kw)
 
     async def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str, stream: bool = False,
                    temperature: float | None = None, max_tokens: int | None = None,
@@ -337,6 +350,36 @@ class ProviderClient:
             except ProviderError as e:
                 return e
         return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+_SSL: dict[bool, ssl.SSLContext] = {}
+"""One TLS context per trust_env setting, shared by every client of this process: loading the CA bundle
+takes ~0.1 s of CPU (over half a second on a busy machine)."""
+
+
+async def _off_loop_client(pc: ProviderClient) -> httpx.AsyncClient:
+    """`pc`'s HTTP client, made in a thread the first time: loading the CA bundle (once per process, then
+    shared) and httpx's first imports would otherwise stall the event loop, and every other request with it."""
+    if pc.trust_env not in _SSL:
+        ctx = await asyncio.to_thread(httpx.create_ssl_context, trust_env=pc.trust_env)
+        _SSL.setdefault(pc.trust_env, ctx)
+    if pc._http is None:
+        http = await asyncio.to_thread(pc._new_client)
+        if pc._http is None:  # a concurrent first request may have made one meanwhile
+            pc._http = http
+        else:
+            await http.aclose()
+    return pc._http
+
+
+async def _read_capped(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the body, and whether there was more (not read)."""
+    buf = bytearray()
+    async for part in resp.aiter_bytes():
+        buf += part
+        if len(buf) > limit:
+            return bytes(buf[:limit]), True
+    return bytes(buf), False
 
 
 @asynccontextmanager

@@ -7,7 +7,8 @@ the stream raises `StreamError(kind="stream_error")` (not retried).
 
 Everything in a stream is server-controlled: the model id, usage and finish reason are scrubbed of the key per
 chunk; the answer and reasoning text are scrubbed once joined (a key split across two chunks is still found),
-and each delta is scrubbed before it reaches `on_delta`.
+and each delta is scrubbed before it reaches `on_delta`. A stream longer than `MAX_STREAM_CHARS` of answer
+and reasoning is refused (`StreamError(kind="too_large")`); a long answer is scrubbed away from the event loop.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import httpx
 
 from .errorbody import parse_error_body
 from .errors import StreamError
+from .offload import off_loop, plain
 from .redaction import scrub, scrub_obj
 
 MAX_CONTENT = 200_000
+MAX_STREAM_CHARS = 4_000_000
 
 
 @dataclass
@@ -36,15 +39,17 @@ class StreamState:
     choices_seen: bool = False
     done: bool = False
     chunks: int = 0
+    chars: int = 0
     first_token_at: float | None = None
 
     def text(self) -> str:
         return "".join(self.content)[:MAX_CONTENT]
 
-    def seal(self, secrets) -> None:
+    async def seal(self, secrets) -> None:
         """Join and scrub the answer and the reasoning (call once, when the stream is complete)."""
-        self.content = [scrub("".join(self.content), secrets)]
-        self.reasoning = [scrub("".join(self.reasoning), secrets)]
+        content, reasoning = await off_loop("scrub_pair", "".join(self.content), "".join(self.reasoning),
+                                            plain(secrets), size=self.chars)
+        self.content, self.reasoning = [content], [reasoning]
 
 
 async def read_stream(resp: httpx.Response, *, secrets=(), url: str | None = None, model: str | None = None,
@@ -73,7 +78,7 @@ async def read_stream(resp: httpx.Response, *, secrets=(), url: str | None = Non
     if not st.done and st.finish_reason is None:
         raise StreamError(f"the stream ended after {st.chunks} chunk(s) without [DONE] or a finish_reason",
                           partial=st.text(), **kw)
-    st.seal(secrets)
+    await st.seal(secrets)
     return st
 
 
@@ -106,6 +111,10 @@ def _dispatch(data: str, st: StreamState, kw: dict, on_delta) -> None:
         thought = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
         if (piece or thought) and st.first_token_at is None:
             st.first_token_at = time.perf_counter()
+        st.chars += len(piece) + len(thought)
+        if st.chars > MAX_STREAM_CHARS:
+            raise StreamError(f"the stream sent more than {MAX_STREAM_CHARS} characters of answer (the most this "
+                              "client keeps); ask for less: lower max_tokens", kind="too_large", **kw)
         if piece:
             st.content.append(piece)
             if on_delta:
