@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
+SETTINGS_ENV = "VAPO_MCP_SETTINGS"  # vapo_engine.jobs.threads.SETTINGS_ENV: the worker's channel
 KEY_ENV = "VAPO_BENCH_PROVIDER_KEY"
 """The served endpoint on loopback needs no key; the channel still resolves one from this variable."""
 MODEL_NAME = "policy-a"
@@ -141,13 +142,14 @@ def main(argv=None) -> dict:
         os.environ.setdefault(KEY_ENV, "unused-on-loopback")
         try:
             settings = channel_settings(tmp, port)
+            os.environ[SETTINGS_ENV] = str(settings)  # as the run manager gives it to a worker
             provider = ("provider_rollouts.enabled=true", f"provider_rollouts.samples_per_prompt={args.samples}",
                         f"provider_rollouts.concurrency={args.concurrency}", "provider_rollouts.max_requests=100000")
             rows = []
             for seed in seeds:
                 for arm, over in (("without", ()), ("with", provider)):
                     r = common.run_variant("vapo", seed, steps, every, (*extra, *over),
-                                           run_json={"settings_path": str(settings)}, name=f"b-{arm}-s{seed}")
+                                           name=f"b-{arm}-s{seed}")
                     rows.append(row(r, arm, args.gain))
                     x = rows[-1]
                     print(f"B {arm:>7} seed {seed}: {x['start_greedy']:.3f} -> {x['final_greedy']:.3f}, "

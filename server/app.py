@@ -45,10 +45,6 @@ Overrides = Annotated[list[Annotated[str, Field(max_length=300)]], Field(
     max_length=50, description="config.toml overrides as 'section.key=value', e.g. 'vapo.alpha=0.8'")]
 
 
-class RunList(BaseModel):
-    runs: list[training.RunView]
-
-
 class Report(BaseModel):
     """One of the two is set: a run's metrics, or an ablation's comparison table."""
     run: report_tools.MetricsReport | None = None
@@ -257,11 +253,12 @@ def _run_tools(mcp: MCPServer) -> None:
         experiment: Annotated[str | None, Field(max_length=100)] = None,
         tag: Annotated[str | None, Field(max_length=64)] = None,
         limit: Annotated[int, Field(ge=1, le=200)] = 20,
-    ) -> RunList:
-        """Runs newest first, with state, progress and latest held-out accuracy; filter by state/experiment/tag."""
+    ) -> training.RunList:
+        """Runs newest first, with state, progress and latest held-out accuracy; filter by state/experiment/tag.
+        `skipped` lists run records the registry could not index (with why and the fix)."""
         f = files()
-        return RunList(runs=await anyio.to_thread.run_sync(lambda: training.list_runs(
-            f, state=state, experiment=experiment, tag=tag, limit=limit)))
+        return await anyio.to_thread.run_sync(lambda: training.list_runs(
+            f, state=state, experiment=experiment, tag=tag, limit=limit))
 
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors

@@ -84,7 +84,7 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
     assert rep.next_cursor == 2 and len(rep.series["rollout/reward_mean"]) == 2 and rep.plot_png
     assert open(rep.plot_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert report_metrics(files, run_id, cursor=2, limit=2).next_cursor is None
-    assert [r.run_id for r in list_runs(files, tag="t1")] == [run_id]
+    assert [r.run_id for r in list_runs(files, tag="t1").runs] == [run_id]
     cli = ["--config", str(files.config), "--settings", str(files.settings)]
     assert main(["runs", "list", *cli]) == 0 and run_id in capsys.readouterr().out
     assert main(["runs", "status", run_id, *cli]) == 0 and "succeeded" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from tests.engine_helpers import FAST
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.run_helpers import wait_for
 from vapo_engine.config import load_config, load_settings
+from vapo_engine.jobs.threads import SETTINGS_ENV
 from vapo_engine.runs import create_run
 from vapo_engine.tasks import get_task
 
@@ -33,15 +34,16 @@ def point_settings_at(settings_path, srv: FakeOpenAI) -> None:
     settings_path.write_text(json.dumps(s))
 
 
-def provider_run(tmp_path, model_dir, srv, extra=(), name="run"):
-    """A run directory (created as start_training does, with settings_path in run.json) using `srv`."""
+def provider_run(tmp_path, model_dir, srv, monkeypatch, extra=(), name="run"):
+    """A run directory (created as start_training does) using `srv`, for a worker started the way the run
+    manager starts one: with the server's settings.json in the environment."""
     (tmp_path / "ws").mkdir()
     _, settings_path = write_workspace(tmp_path / "ws")
     point_settings_at(settings_path, srv)
+    monkeypatch.setenv(SETTINGS_ENV, str(settings_path))
     over = [*FAST, f'model.local_path="{model_dir}"', *PROVIDER, *extra]
     cfg = load_config(ROOT / "config.toml", over, preset="cpu-demo")
-    return create_run(cfg, load_settings(settings_path), tmp_path / "runs", run_id=name,
-                      extra={"settings_path": str(settings_path)}).run_dir
+    return create_run(cfg, load_settings(settings_path), tmp_path / "runs", run_id=name).run_dir
 
 
 def train_records(run_dir):
@@ -62,7 +64,7 @@ def test_429_storm_lowers_then_restores_concurrency_and_positives_still_arrive(t
         storm = Reply.error(429, "Rate limit reached for requests", "rate_limit_exceeded",
                             type_="requests", headers={"retry-after-ms": "150"})
         srv.script(CHAT, *[storm] * 6)
-        run_dir = provider_run(tmp_path, model_dir, srv, ["training.total_steps=5"])
+        run_dir = provider_run(tmp_path, model_dir, srv, monkeypatch, ["training.total_steps=5"])
         summary = train(run_dir, log=lambda *a: None)
         sent = srv.count(CHAT)
     assert summary["status"] == "succeeded"
@@ -85,7 +87,8 @@ def test_cached_answers_are_not_paid_twice_on_resume(tmp_path, model_dir, monkey
     from vapo_engine.trainer.loop import train
     monkeypatch.setenv(KEY_ENV, KEY)
     with FakeOpenAI(key=KEY, answer_fn=solver()) as srv:
-        run_dir = provider_run(tmp_path, model_dir, srv, ["training.total_steps=3", "eval.save_interval=2"])
+        run_dir = provider_run(tmp_path, model_dir, srv, monkeypatch, ["training.total_steps=3",
+                                                                       "eval.save_interval=2"])
         # killed after step 3 (checkpoint at step 2): step 3's prompts were answered and cached, not checkpointed
         assert train(run_dir, stop_after=3, log=lambda *a: None)["status"] == "interrupted"
         before = srv.count(CHAT)

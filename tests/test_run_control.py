@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 from tests.run_helpers import start, wait_for
 from vapo_engine.config import load_config, load_settings
 from vapo_engine.jobs import RunManager, State, outcome
-from vapo_engine.rundir import RunDir, proc_start_time
+from vapo_engine.rundir import RunDir
 from vapo_engine.runs import create_run
 
 
@@ -19,7 +19,7 @@ def test_force_stop_before_the_worker_holds_its_lock_kills_the_worker(runs_env, 
     files, mgr = runs_env
     rid = start(files, model_dir, "training.total_steps=5000")
     rd = RunDir(mgr.get(rid).run_dir)
-    wait_for(lambda: rd.attempts().get(rid, {}).get("worker_start"), what="the supervisor to start the worker")
+    wait_for(lambda: rd.attempts().get(rid, {}).get("worker_pid"), what="the supervisor to start the worker")
     worker = rd.attempts()[rid]["worker_pid"]
     assert rd.writer() is None  # still importing torch: no lock, no worker.json yet
     rec = mgr.stop(rid, force=True)
@@ -45,16 +45,24 @@ def test_stop_reaches_a_stray_worker_of_a_run_marked_terminal(runs_env, model_di
     assert not outcome.pid_alive(worker)
 
 
+def _start_time(pid: int) -> float:
+    return float(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
+
+
 def test_a_reused_supervisor_pid_is_never_signalled(tmp_path):
+    """The registry and state.json say a bystander is the run's supervisor and worker — its pid, process group
+    and real start time, everything the former checks compared — but it holds none of the run's locks."""
     cfg, settings = load_config(ROOT / "config.toml"), load_settings(ROOT / "settings.json")
     mgr = RunManager(tmp_path)  # before the run directory exists (else it is indexed from disk)
     run_dir = create_run(cfg, settings, tmp_path, run_id="r").run_dir
     mgr.registry.add("r", "exp", [], run_dir)
     mgr.registry.claim_queued(1)
-    bystander = subprocess.Popen(["sleep", "60"])
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
+        start = _start_time(bystander.pid)
         mgr.registry.update("r", pid=bystander.pid, heartbeat=time.time())
-        RunDir(run_dir).record_attempt("r", {"supervisor_start": proc_start_time(bystander.pid) + 1})
+        RunDir(run_dir).record_attempt("r", {"supervisor_start": start, "worker_pid": bystander.pid,
+                                             "worker_pgid": bystander.pid, "worker_start": start})
         assert mgr.stop("r").state is State.RUNNING  # not our supervisor: nothing is signalled
         assert bystander.poll() is None
         mgr.stop("r", force=True)
@@ -65,7 +73,7 @@ def test_a_reused_supervisor_pid_is_never_signalled(tmp_path):
         bystander.kill()
 
 
-def test_concurrent_resumes_get_distinct_attempt_ids(tmp_path):
+def test_concurrent_resumes_get_the_same_attempt(tmp_path):
     cfg, settings = load_config(ROOT / "config.toml"), load_settings(ROOT / "settings.json")
     a, b = RunManager(tmp_path), RunManager(tmp_path)
     run_dir = create_run(cfg, settings, tmp_path, run_id="r").run_dir
@@ -73,6 +81,8 @@ def test_concurrent_resumes_get_distinct_attempt_ids(tmp_path):
     a.registry.claim_queued(1)
     a.registry.transition("r", State.FAILED, "x")
     rec = a.get("r")
-    assert {a._add_attempt(rec), b._add_attempt(rec)} == {"r-r1", "r-r2"}
-    a.registry.add("r-r4", "exp", [], run_dir)  # taken by a concurrent resume after our count
-    assert a._add_attempt(rec) == "r-r5"  # it counts 3 attempts → r-r4, which is taken → r-r5
+    assert a._add_attempt(rec).run_id == b._add_attempt(rec).run_id == "r-r1"  # the second gets the first's
+    a.registry.transition("r-r1", State.FAILED, "x")
+    a.registry.add("r-r3", "exp", [], run_dir)  # taken by a concurrent resume after our count, and ended
+    a.registry.transition("r-r3", State.STOPPED, "x")
+    assert a._add_attempt(rec).run_id == "r-r4"  # it counts 2 attempts → r-r3, which is taken → r-r4

@@ -10,9 +10,11 @@ from pathlib import Path
 from vapo_engine.config import Settings, load_settings, resolve_channel
 from vapo_engine.errors import UserError
 from vapo_engine.jobs import RunManager
+from vapo_engine.jobs.threads import SETTINGS_ENV
 from vapo_engine.runs import runs_root
 
-CONFIG_ENV, SETTINGS_ENV = "VAPO_MCP_CONFIG", "VAPO_MCP_SETTINGS"
+CONFIG_ENV = "VAPO_MCP_CONFIG"
+__all__ = ["CONFIG_ENV", "SETTINGS_ENV", "Files", "ToolInputError", "files", "known_secrets", "manager_for"]
 
 
 class ToolInputError(UserError):
@@ -35,8 +37,11 @@ def files(config: str | None = None, settings: str | None = None) -> Files:
 
 
 def manager_for(f: Files, settings: Settings | None = None) -> tuple[RunManager, Settings]:
+    """The run manager of these files: runs under runtime.log_dir, workers on this settings.json (never a
+    path a run directory names), at most runtime.max_queued_runs waiting."""
     settings = settings or load_settings(f.settings)
-    return RunManager(runs_root(settings, f.settings)), settings
+    return RunManager(runs_root(settings, f.settings), settings_path=f.settings,
+                      max_queued=settings.runtime.max_queued_runs), settings
 
 
 def known_secrets(f: Files | None = None) -> list:

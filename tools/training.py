@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import secrets
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
-from vapo_engine.jobs import RunRecord
+from vapo_engine.jobs import RunError, RunRecord
+from vapo_engine.metrics import latest
 from vapo_engine.prompts import check_prompts
-from vapo_engine.rundir import PROVIDER_JSON, RunDir
+from vapo_engine.rundir import METRICS, PROVIDER_JSON, RunDir
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
@@ -65,25 +66,33 @@ class AblationStart(BaseModel):
     poll: str
 
 
+class RunList(BaseModel):
+    runs: list[RunView]
+    skipped: list[str] = Field(default_factory=list, description="run records the registry could not index "
+                               "(a malformed or foreign record in a run directory), each with why and the fix")
+
+
 class RunStatus(BaseModel):
     run: RunView
     log_tail: str = Field(description="last lines of the worker log (bounded)")
     provider_down: str | None = Field(None, description="why [provider_rollouts] stopped asking the API channel "
                                       "(the run goes on with its own samples), with the fix")
     next_steps: list[str]
+    skipped: list[str] = Field(default_factory=list, description="run records the registry could not index")
 
 
 def _view(rec: RunRecord) -> RunView:
+    """The run's record with its progress: the last train and eval records, read from the end of
+    metrics.jsonl (`metrics.latest`; a full parse of a long run would cost every call half a second)."""
     rd = RunDir(rec.run_dir)
-    recs = rd.metrics()
-    train = [r for r in recs if r.get("kind") == "train"]
-    evals = [r for r in recs if r.get("kind") == "eval"]
+    last = latest(rd.file(METRICS))
     total = (rd.config().get("training") or {}).get("total_steps")
-    last_eval = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")}
+    last_eval = {k: float(v) for k, v in last.get("eval", {}).items()
+                 if k.startswith("eval/") and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return RunView(run_id=rec.run_id, state=rec.state.value, message=rec.message, experiment=rec.experiment,
                    tags=list(rec.tags), run_dir=str(rec.run_dir), variant=rec.variant, group_id=rec.group_id,
-                   resumed_from=rec.resumed_from, step=train[-1]["step"] if train else 0, total_steps=total,
-                   latest_eval=last_eval)
+                   resumed_from=rec.resumed_from, step=last.get("train", {}).get("step", 0),
+                   total_steps=total if isinstance(total, int) else None, latest_eval=last_eval)
 
 
 def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainConfig:
@@ -127,14 +136,13 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
             group_id: str | None, variant: str | None, extra: dict | None = None) -> StartResult:
     """Create the run directory of an already validated config and hand it to the run manager."""
     mgr, settings = manager_for(f)
+    mgr.check_room()
     if tags:
         exp = settings.experiment.model_copy(update={"tags": [*settings.experiment.tags, *tags]})
         settings = settings.model_copy(update={"experiment": exp})
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
-                      preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {}),
-                                            # provider samples resolve the channel as the tools do
-                                            "settings_path": str(f.settings.resolve())},
+                      preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
                       secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
@@ -154,6 +162,7 @@ def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = 
     if "vapo" not in names:
         names.insert(0, "vapo")
     base = prepare_config(f, preset, list(overrides))
+    manager_for(f)[0].check_room(len(names))
     plans = {}
     for name in names:
         over = [*overrides, *VARIANTS[name].apply(base)]
@@ -166,16 +175,23 @@ def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = 
 
 
 def list_runs(f: Files, *, state: str | None = None, experiment: str | None = None, tag: str | None = None,
-              limit: int = 20) -> list[RunView]:
+              limit: int = 20) -> RunList:
     mgr, _ = manager_for(f)
     mgr.tick()
-    return [_view(r) for r in mgr.registry.list(state=state, experiment=experiment, tag=tag, limit=limit)]
+    return RunList(runs=[_view(r) for r in mgr.registry.list(state=state, experiment=experiment, tag=tag,
+                                                            limit=limit)], skipped=_skipped(mgr))
 
 
 def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     mgr, _ = manager_for(f)
     mgr.tick()
-    rec = mgr.get(run_id)
+    skipped = _skipped(mgr)
+    try:
+        rec = mgr.get(run_id)
+    except RunError as e:
+        mine = [s for s in skipped if run_id in s]
+        raise RunError(f"{e}; this id was skipped when the registry was rebuilt: {mine[0]}" if mine
+                       else str(e)) from None
     nxt = {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
            "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
                        f"stop_run('{run_id}') to stop after a checkpoint"],
@@ -188,7 +204,12 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
                 if isinstance(down, dict) else None)
     return RunStatus(run=_view(rec), log_tail=RunDir(rec.run_dir).log_tail(log_lines), provider_down=provider,
-                     next_steps=nxt)
+                     next_steps=nxt, skipped=skipped)
+
+
+def _skipped(mgr) -> list[str]:
+    """What the last registry rebuild could not index (bounded)."""
+    return [f"{where}: {why}"[:600] for where, why in sorted(mgr.registry.skipped().items())][:20]
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
@@ -197,5 +218,15 @@ def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
 
 
 def resume_run(f: Files, run_id: str) -> RunView:
+    """Resume a run; its frozen config.json is checked like a new run's first (a run directory is data: a
+    planted config may not move the rendezvous, nor — for a remote caller — name paths outside the roots)."""
     mgr, _ = manager_for(f)
+    rec = mgr.get(run_id)
+    try:
+        cfg = TrainConfig.model_validate(RunDir(rec.run_dir).config())
+    except ValidationError as e:
+        raise ToolInputError(f"run {run_id}'s config.json does not validate ({e.error_count()} error(s), first at "
+                             f"{'.'.join(map(str, e.errors()[0]['loc']))}); it cannot be resumed: start_training "
+                             "again") from None
+    access.check_config(f, cfg)
     return _view(mgr.resume(run_id))

@@ -1,12 +1,13 @@
 """The metric catalogue: every name the trainer logs, with its meaning. Names are an API (DESIGN.md §4).
 
 The trainer writes only names listed here (a test checks it); diagnostics and `report_metrics` read the
-same names. `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line.
-Torch-free.
+same names. `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line; `latest`
+reads only its end (what list_runs / run_status show). Torch-free.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 CATALOGUE: dict[str, str] = {
@@ -114,6 +115,66 @@ def read_metrics(path: str | Path) -> list[dict]:
     except OSError:
         return out
     return out
+
+
+TAIL_CHUNK = 1 << 16
+_LATEST: dict[str, tuple[tuple, dict[str, dict]]] = {}
+
+
+def latest(path: str | Path, kinds: tuple[str, ...] = ("train", "eval")) -> dict[str, dict]:
+    """The last record of each of `kinds` in a metrics.jsonl, read backwards from the end: a chunk is searched
+    for `"<kind>"` (bytes.rfind) and only the line holding it is parsed, so a 50,000-step run costs what its
+    last few records cost (a kind that never occurs costs a scan of the bytes, no parsing). Cached by the
+    file's identity and size; an unreadable file has no records."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns, kinds)
+    hit = _LATEST.get(str(path))
+    if hit is not None and hit[0] == ident:
+        return hit[1]
+    try:
+        found = _scan_back(Path(path), st.st_size, kinds)
+    except OSError:
+        return {}
+    if len(_LATEST) > 256:
+        _LATEST.clear()
+    _LATEST[str(path)] = (ident, found)
+    return found
+
+
+def _scan_back(path: Path, size: int, kinds: tuple[str, ...]) -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    tail, pos = b"", size
+    with path.open("rb") as f:
+        while pos > 0 and len(found) < len(kinds):
+            start = max(0, pos - TAIL_CHUNK)
+            f.seek(start)
+            data = f.read(pos - start) + tail
+            cut = data.find(b"\n") if start > 0 else -1  # the first line may begin in an earlier chunk
+            if start > 0 and cut < 0:
+                tail, pos = data, start
+                continue
+            body, tail, pos = data[cut + 1:], data[:cut + 1], start
+            for kind in kinds:
+                if kind not in found and (rec := _last_of(body, kind)) is not None:
+                    found[kind] = rec
+    return found
+
+
+def _last_of(body: bytes, kind: str) -> dict | None:
+    token, end = json.dumps(kind).encode(), len(body)
+    while (i := body.rfind(token, 0, end)) >= 0:
+        line_start, line_end = body.rfind(b"\n", 0, i) + 1, body.find(b"\n", i)
+        try:
+            rec = json.loads(body[line_start:line_end if line_end >= 0 else len(body)])
+        except (ValueError, RecursionError):
+            rec = None
+        if isinstance(rec, dict) and rec.get(KIND) == kind and isinstance(rec.get(STEP), int):
+            return rec
+        end = line_start
+    return None
 
 
 def series(records: list[dict], name: str) -> list[tuple[int, float]]:

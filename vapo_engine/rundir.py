@@ -10,7 +10,8 @@ Layout of `<runtime.log_dir>/<experiment.name>/<run id>/`:
   metrics.jsonl   append-only metrics (trainer)
   worker.log      the worker's output;  runner.log  the supervisor's own output
   worker.lock     held (flock) by the one process that writes this directory, for its whole life
-  worker.json     who holds it: pid, process group, start time
+  worker.json     who holds it: host, start time (shown only: who may be signalled is the kernel's answer)
+  runner.lock     held (flock) by the run's supervisor (jobs/runner.py) for its whole life
   checkpoints/    step-NNNNNNN/ folders; complete only when their DONE manifest exists and verifies
   tb/             TensorBoard event files (trainer)
   report.png      the latest plot made by report_metrics
@@ -32,11 +33,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import proclocks
 from .errors import StorageError, UserError
 
 RUN_JSON, CONFIG_JSON, SETTINGS_JSON = "run.json", "config.json", "settings.json"
 STATE_JSON, SUMMARY_JSON, METRICS = "state.json", "summary.json", "metrics.jsonl"
 WORKER_LOG, RUNNER_LOG, WORKER_LOCK, WORKER_JSON = "worker.log", "runner.log", "worker.lock", "worker.json"
+RUNNER_LOCK = "runner.lock"
+TRAINER_MODULE, RUNNER_MODULE = "vapo_engine.trainer", "vapo_engine.jobs.runner"
 PROVIDER_JSON, PROVIDER_CACHE = "provider.json", "provider_cache.jsonl"
 """Provider samples (trainer/provider_samples.py): why the provider stopped being used; the answers cache."""
 CHECKPOINTS, DONE, TB, REPORT_PNG = "checkpoints", "DONE", "tb", "report.png"
@@ -145,23 +149,24 @@ class RunDir:
 
     # --- the writer lock ---------------------------------------------------------------------------------------
     def writer(self) -> dict | None:
-        """The live writer's worker.json (pid, pgid, started) when the lock is held, else None."""
-        path = self.file(WORKER_LOCK)
-        if not path.exists():
+        """The live writer while worker.lock is held, else None: {"pid", "pgid"} of the trainer holding it as
+        the kernel reports it (`proclocks`; both None when that cannot be told), with worker.json's host and
+        start time for display. Only that pid/pgid is ever signalled."""
+        if not _held(self.file(WORKER_LOCK)):
             return None
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return self.read_json(WORKER_JSON) or {"pid": None}
-            return None
-        finally:
-            os.close(fd)
-        return None
+        shown = {k: v for k, v in (self.read_json(WORKER_JSON) or {}).items() if k in ("host", "started")}
+        found = proclocks.holder(self.file(WORKER_LOCK), TRAINER_MODULE, run_dir=self.path)
+        return {**shown, **(found or {"pid": None, "pgid": None})}
+
+    def supervisor(self, run_id: str) -> dict | None:
+        """{"pid", "pgid"} of the live supervisor of attempt `run_id` (holding runner.lock), else None."""
+        return proclocks.holder(self.file(RUNNER_LOCK), RUNNER_MODULE, arg=run_id)
+
+    def acquire_supervisor(self) -> WriterLock:
+        """Hold runner.lock for the life of this process (the supervisor); `RunDirBusy` when another holds it."""
+        lock = WriterLock(self, RUNNER_LOCK, info=False)
+        lock.acquire(0.0)
+        return lock
 
     def acquire_writer(self, timeout: float = 10.0) -> WriterLock:
         """Become the one writer of this run directory, or raise `RunDirBusy` naming the holder."""
@@ -171,14 +176,14 @@ class RunDir:
 
 
 class WriterLock:
-    """An exclusive flock on worker.lock held for the life of the writing process (the kernel releases it
-    when the process dies, however it dies), with worker.json saying who holds it."""
+    """An exclusive flock on worker.lock (or runner.lock) held for the life of the process (the kernel releases
+    it when the process dies, however it dies), with worker.json saying who holds it."""
 
-    def __init__(self, rd: RunDir):
-        self.rd, self.fd = rd, None
+    def __init__(self, rd: RunDir, name: str = WORKER_LOCK, info: bool = True):
+        self.rd, self.name, self.info, self.fd = rd, name, info, None
 
     def acquire(self, timeout: float) -> None:
-        fd = os.open(self.rd.file(WORKER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.rd.file(self.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         end = time.monotonic() + timeout
         while True:
             try:
@@ -187,19 +192,35 @@ class WriterLock:
             except BlockingIOError:
                 if time.monotonic() >= end:
                     os.close(fd)
-                    holder = self.rd.read_json(WORKER_JSON) or {}
-                    raise RunDirBusy(f"another worker (pid {holder.get('pid', '?')}) is writing run directory "
-                                     f"{self.rd.path}; stop it first (stop_run / vapo-mcp runs stop) or wait "
-                                     "for it to finish") from None
+                    who = "worker" if self.name == WORKER_LOCK else "supervisor"
+                    pid = proclocks.lock_holder(self.rd.file(self.name))  # the kernel's answer, not worker.json
+                    raise RunDirBusy(f"another {who} (pid {pid or '?'}) is writing run directory {self.rd.path} "
+                                     f"(it holds {self.name}); stop it first (stop_run / vapo-mcp runs stop) or "
+                                     "wait for it to finish") from None
                 time.sleep(0.1)
         self.fd = fd
-        self.rd.write_json(WORKER_JSON, {"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
-                                         "started": time.time(), "proc_start": proc_start_time(os.getpid())})
+        if self.info:
+            self.rd.write_json(WORKER_JSON, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
 
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _held(path: Path) -> bool:
+    """Whether some process holds an flock on `path` (a symlink counts as not held: it is never followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+    finally:
+        os.close(fd)
+    return False
 
 
 # --- checkpoint manifests ----------------------------------------------------------------------------------------
@@ -317,15 +338,6 @@ def log_tail(path: Path, lines: int = 20, max_chars: int = 4000, max_bytes: int 
     except OSError:
         return ""
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])[-max_chars:]
-
-
-def proc_start_time(pid: int) -> float | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a pid from a reused one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return float(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def step_of(p: Path) -> int | None:

@@ -5,6 +5,8 @@ background jobs like those of `start_training`.
 """
 from __future__ import annotations
 
+import sys
+
 from tools.paths import ToolInputError, files
 from tools.report import AblationReport, report_metrics
 from tools.training import ablate, list_runs, resume_run, run_status, stop_run
@@ -58,8 +60,10 @@ def _runs(args) -> int:
     if args.action == "list":
         out = _call(list_runs, f, state=args.state, tag=args.tag, limit=args.limit)
         if args.json:
-            print_json([r.model_dump() for r in out])
-        for r in [] if args.json else out:
+            print_json([r.model_dump() for r in out.runs])
+        for line in out.skipped:
+            print(f"skipped: {line}", file=sys.stderr)
+        for r in [] if args.json else out.runs:
             acc = r.latest_eval.get("eval/greedy_accuracy")
             print(f"{r.run_id:28} {r.state:9} step {r.step}/{r.total_steps}  "
                   f"{'' if acc is None else f'greedy acc {acc:.3f}  '}{r.variant or ''}  {r.message[:60]}")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .base import Section
+from .base import PathText, Section
 from .errors import FieldProblem
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -44,8 +44,11 @@ class RuntimeSettings(Section):
     """Use SSE streaming for chat calls."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server, CLI and workers (logs go to stderr and the run directory)."""
-    log_dir: str = Field("./logs/vapo", min_length=1)
+    log_dir: PathText = Field("./logs/vapo", min_length=1)
     """Where runs live: <log_dir>/<experiment.name>/<run id>/ (relative paths: to settings.json's folder)."""
+    max_queued_runs: int = Field(16, ge=1, le=10_000)
+    """The most runs that may wait in the queue at once (all servers on this log_dir); beyond it,
+    start_training / ablate / resume_run are refused with what to do (wait, or stop queued runs)."""
 
 
 class ExperimentSettings(Section):

@@ -5,9 +5,17 @@ outlive the server; the supervisor starts the worker in a session of its own. At
 once (default 1: two runs never fight over one device); the rest wait queued and start when a slot frees
 (each finishing runner and every manager call tick the queue).
 
-Two processes per run, two kinds of evidence: the supervisor beats a heartbeat into the registry; the worker
-holds the run directory's writer lock for its whole life (`RunDir.writer()`). `recover()` uses both, so a
-dead supervisor never makes a live worker look dead, and nothing starts a second writer while the lock is held.
+Two processes per run, two kinds of evidence: the supervisor holds runner.lock and beats a heartbeat into the
+registry; the worker holds the run directory's writer lock for its whole life (`RunDir.writer()`).
+`recover()` uses both, so a dead supervisor never makes a live worker look dead, and nothing starts a second
+writer while the lock is held.
+
+A run directory is data, never authority (issue 23). Signals go only to the process the kernel names as the
+holder of the run's lock, when its command line is the supervisor or trainer of that run (`proclocks`) —
+never to a pid, process group or start time read from state.json or worker.json. The worker's settings are
+this server's (`settings_path`, passed in the environment as `SETTINGS_ENV`), never a path from run.json.
+`resume` is idempotent (a second call gets the attempt the first one queued), `stop` cancels the run's queued
+attempts too, and at most `max_queued` runs wait (settings.json runtime.max_queued_runs).
 """
 from __future__ import annotations
 
@@ -23,10 +31,13 @@ from vapo_engine.errors import UserError
 from vapo_engine.rundir import RUNNER_LOG, RunDir, storage_error
 
 from . import outcome, threads
-from .registry import Registry, RunIdTaken, RunRecord
+from .registry import Registry, RunIdTaken, RunRecord, family_of, queue_full
 from .states import State
+from .threads import SETTINGS_ENV
 
 log = logging.getLogger("vapo_mcp.jobs")
+FORCE_SIGNAL = signal.SIGUSR1
+"""Asks a supervisor to SIGKILL its worker's process group at once (the supervisor knows its own child)."""
 
 
 class RunError(UserError):
@@ -34,16 +45,26 @@ class RunError(UserError):
 
 
 class RunManager:
-    def __init__(self, root: str | Path, max_concurrent: int | None = None):
+    def __init__(self, root: str | Path, max_concurrent: int | None = None, *, settings_path: Path | None = None,
+                 max_queued: int | None = None):
         self.root = Path(root)
         self.registry = Registry(self.root)
         self.max_concurrent = max_concurrent or threads.max_concurrent()
+        self.settings_path = Path(settings_path).resolve() if settings_path else None
+        self.max_queued = max_queued
 
     def submit(self, run_id: str, experiment: str, tags, run_dir: Path, *, group_id: str | None = None,
                variant: str | None = None, nprocs: int = 1) -> RunRecord:
-        self.registry.add(run_id, experiment, tags, run_dir, group_id=group_id, variant=variant, nprocs=nprocs)
+        self.registry.add(run_id, experiment, tags, run_dir, group_id=group_id, variant=variant, nprocs=nprocs,
+                          max_queued=self.max_queued)
         self.tick()
         return self.registry.get(run_id)
+
+    def check_room(self, runs: int = 1) -> None:
+        """`QueueFull` when fewer than `runs` more may wait now (each is checked again, atomically, when it is
+        queued: this check only spares creating run directories that could not be queued)."""
+        if self.max_queued is not None and (queued := self.registry.queued()) + runs > self.max_queued:
+            raise queue_full(queued, self.max_queued, runs)
 
     def tick(self) -> list[str]:
         """Recover runs whose supervisor died, then start queued runs while slots are free. Returns the
@@ -57,6 +78,8 @@ class RunManager:
 
     def _spawn(self, rec: RunRecord) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.settings_path is not None:
+            env[SETTINGS_ENV] = str(self.settings_path)
         try:
             with open(rec.run_dir / RUNNER_LOG, "ab") as out:
                 p = subprocess.Popen([sys.executable, "-m", "vapo_engine.jobs.runner", str(self.root),
@@ -65,6 +88,7 @@ class RunManager:
         except OSError as e:
             self.registry.transition(rec.run_id, State.FAILED, f"could not start its supervisor: {e}")
             raise storage_error(rec.run_dir / RUNNER_LOG, e) from None
+        _STARTED[rec.run_id] = p
         self.registry.update(rec.run_id, pid=p.pid, heartbeat=time.time())
 
     def recover(self) -> list[str]:
@@ -100,18 +124,14 @@ class RunManager:
                                          log_from=int(attempt.get("log_offset") or 0))
         return self.registry.transition(rec.run_id, state, msg)
 
-    def _supervisor(self, rec: RunRecord) -> int | None:
-        """The supervisor's pid while it is alive, is the recorded process (start time) and beats."""
-        beat = rec.heartbeat or rec.started or rec.created
-        if rec.pid is None or time.time() - beat >= outcome.STALE_AFTER_S:
-            return None
-        start = RunDir(rec.run_dir).attempts().get(rec.run_id, {}).get("supervisor_start")
-        return rec.pid if outcome.same_process(rec.pid, start) else None
-
     def _supervised(self, rec: RunRecord) -> bool:
+        """Whether the run's supervisor is alive: it holds runner.lock, or it was started moments ago and has
+        not taken the lock yet (a liveness judgement only: nothing is signalled on the latter)."""
+        if _supervisor(rec) is not None:
+            return True
         beat = rec.heartbeat or rec.started or rec.created
-        just_claimed = rec.pid is None and time.time() - beat < outcome.STALE_AFTER_S
-        return just_claimed or self._supervisor(rec) is not None
+        fresh = time.time() - beat < outcome.STALE_AFTER_S
+        return fresh and (rec.pid is None or outcome.pid_alive(rec.pid))
 
     def get(self, run_id: str) -> RunRecord:
         rec = self.registry.get(run_id) if run_id else None
@@ -121,70 +141,107 @@ class RunManager:
         return rec
 
     def stop(self, run_id: str, *, force: bool = False) -> RunRecord:
-        """Graceful: the worker checkpoints, then exits (through its supervisor when that is alive). Force:
-        SIGKILL to the supervisor's and the worker's process groups. A run already marked terminal whose
-        worker still holds the writer lock is stopped too (its state cannot have been right)."""
+        """Graceful: the worker checkpoints, then exits (through its supervisor when that is alive). Force: the
+        supervisor kills its worker's process group at once, and the worker holding the writer lock is killed
+        too. Queued attempts of the same run are cancelled. A run already marked terminal whose worker still
+        holds the writer lock is stopped too (its state cannot have been right). Only processes the kernel
+        names as holders of this run's locks are signalled (module docstring)."""
         rec = self.get(run_id)
         rd = RunDir(rec.run_dir)
-        worker = _worker(rd, rec.run_id)
+        cancelled = self._cancel_queued(rec)
+        worker = rd.writer()
         if rec.state.terminal and worker is None:
+            if cancelled:
+                return self.get(cancelled[0])
             nxt = (f"resume_run('{run_id}') continues it" if rec.state is not State.SUCCEEDED
                    else f"report_metrics('{run_id}') shows its results")
             raise RunError(f"run {run_id} is already {rec.state.value}, so there is nothing to stop; {nxt}, or "
                            "list_runs(state='running') shows the runs that can be stopped")
         if rec.state is State.QUEUED:
-            self.registry.transition(run_id, State.STOPPED, "stopped before it started")
             return self.get(run_id)
-        supervisor = None if rec.state.terminal else self._supervisor(rec)
+        supervisor = None if rec.state.terminal else _supervisor(rec)
         if force:
-            _signal_group(supervisor, signal.SIGKILL)  # the supervisor first: it must not report
-            _signal_group((worker or {}).get("pgid"), signal.SIGKILL)
-            msg = f"force-stopped (SIGKILL); {outcome.resume_hint(rd)}"
-            if not self.registry.transition(run_id, State.STOPPED, msg):
-                self.registry.update(run_id, message=f"{rec.message}; its stray worker was then force-stopped")
+            self._force(rec, rd, supervisor, worker)
         elif rec.state.terminal:
-            _signal(worker["pid"], signal.SIGTERM)
-            self.registry.update(run_id, message=f"{rec.message}; its stray worker (pid {worker['pid']}) was asked "
-                                 "to stop (it checkpoints, then exits)")
+            self._ask(worker, run_id, f"{rec.message}; its stray worker was asked to stop (it checkpoints, then "
+                                      "exits)")
         elif supervisor:
-            _signal(supervisor, signal.SIGTERM)  # it forwards the request and records the end
-        elif worker and worker.get("pid"):
-            _signal(worker["pid"], signal.SIGTERM)
-            self.registry.update(run_id, message=f"stop requested from the worker (pid {worker['pid']}) directly "
-                                 "(its supervisor is gone); it checkpoints, then exits; poll run_status")
+            _signal(supervisor["pid"], signal.SIGTERM)  # it forwards the request and records the end
+        elif worker:
+            self._ask(worker, run_id, f"stop requested from the worker (pid {worker.get('pid')}) directly (its "
+                                      "supervisor is gone); it checkpoints, then exits; poll run_status")
         return self.get(run_id)
 
+    def _cancel_queued(self, rec: RunRecord) -> list[str]:
+        """Stop every queued attempt of `rec`'s run (a stop must not be undone by an attempt starting later)."""
+        family = family_of(rec.run_id)
+        out = []
+        for other in self.registry.list(state=State.QUEUED.value, limit=10_000):
+            if family_of(other.run_id) == family and self.registry.transition(
+                    other.run_id, State.STOPPED, f"cancelled before it started: stop_run('{rec.run_id}')"):
+                out.append(other.run_id)
+        return out
+
+    def _force(self, rec: RunRecord, rd: RunDir, supervisor: dict | None, worker: dict | None) -> None:
+        if supervisor:
+            _signal(supervisor["pid"], FORCE_SIGNAL)  # it SIGKILLs its own worker, even before the lock
+        if worker and worker.get("pgid"):
+            _signal_group(worker["pgid"], signal.SIGKILL)
+        unverified = worker is not None and not worker.get("pgid")
+        msg = f"force-stopped (SIGKILL); {outcome.resume_hint(rd)}"
+        if unverified:
+            msg = ("the worker holding the run's lock could not be identified as this run's trainer, so nothing "
+                   f"was killed; stop it yourself (it holds {rd.path / 'worker.lock'})")
+        if not self.registry.transition(rec.run_id, State.STOPPED, msg):
+            self.registry.update(rec.run_id, message=f"{rec.message}; its stray worker was then force-stopped"
+                                 if not unverified else msg)
+
+    def _ask(self, worker: dict | None, run_id: str, message: str) -> None:
+        if worker and worker.get("pid"):
+            _signal(worker["pid"], signal.SIGTERM)
+            self.registry.update(run_id, message=message)
+
     def resume(self, run_id: str) -> RunRecord:
+        """Queue the next attempt of a failed or stopped run; while an attempt of the run is queued or running,
+        return that attempt instead (idempotent)."""
         rec = self.get(run_id)
-        if not rec.state.terminal or rec.state is State.SUCCEEDED:
+        live = next((r for r in self.registry.list(limit=10_000) if family_of(r.run_id) == family_of(run_id)
+                     and not r.state.terminal), None)
+        if live is not None and live.resume:
+            return live  # a resume made it: a second resume_run gets the same attempt
+        if live is not None or rec.state is State.SUCCEEDED:
             nxt = ("start_training for a new run (to train further, raise training.total_steps)"
-                   if rec.state is State.SUCCEEDED else f"stop_run('{run_id}') first, or let it finish")
-            raise RunError(f"run {run_id} is {rec.state.value}; only failed or stopped runs can be resumed: {nxt}")
+                   if live is None else f"stop_run('{live.run_id}') first, or let it finish")
+            raise RunError(f"run {(live or rec).run_id} is {(live or rec).state.value}; only failed or stopped runs "
+                           f"can be resumed: {nxt}")
         rd = RunDir(rec.run_dir)
         holder = rd.writer()
         if holder:
-            raise RunError(f"a worker (pid {holder.get('pid')}) is still writing run {run_id}'s directory; "
+            raise RunError(f"a worker (pid {holder.get('pid') or '?'}) is still writing run {run_id}'s directory; "
                            f"stop it first (stop_run('{run_id}', force=True)) or wait for it to end")
         ok, broken = rd.usable_checkpoints()
         damaged = "; ".join(f"{p.name}: {why}" for p, why in broken)
         if not ok:
             raise RunError(f"run {run_id} has no complete checkpoint to resume from"
                            + (f" (damaged: {damaged})" if damaged else "") + "; start_training again")
-        new_id = self._add_attempt(rec)
-        if damaged:
-            self.registry.update(new_id, message=f"queued; resumes from {ok[0].name}, skipping damaged {damaged}")
+        new = self._add_attempt(rec)
+        if damaged and new.state is State.QUEUED:
+            self.registry.update(new.run_id, message=f"queued; resumes from {ok[0].name}, skipping damaged {damaged}")
         self.tick()
-        return self.get(new_id)
+        return self.get(new.run_id)
 
-    def _add_attempt(self, rec: RunRecord) -> str:
-        """Register the next attempt `<base>-rN` of a run (a concurrent resume that took N makes us take N+1)."""
-        base = rec.run_id.split("-r")[0] if "-r" in rec.run_id[-4:] else rec.run_id
-        n = 1 + sum(1 for r in self.registry.list(limit=10_000) if r.run_id.startswith(base + "-r"))
+    def _add_attempt(self, rec: RunRecord) -> RunRecord:
+        """Register the next attempt `<family>-rN` of a run, or get the family's live attempt when a concurrent
+        resume made one (the registry checks both in one transaction)."""
+        family = family_of(rec.run_id)
+        n = 1 + sum(1 for r in self.registry.list(limit=10_000) if family_of(r.run_id) == family
+                    and r.run_id != family)
         for k in range(n, n + 50):
             try:
-                self.registry.add(f"{base}-r{k}", rec.experiment, rec.tags, rec.run_dir, resumed_from=rec.run_id,
-                                  group_id=rec.group_id, variant=rec.variant, resume=True, nprocs=rec.nprocs)
-                return f"{base}-r{k}"
+                return self.registry.add(f"{family}-r{k}", rec.experiment, rec.tags, rec.run_dir,
+                                         resumed_from=rec.run_id, group_id=rec.group_id, variant=rec.variant,
+                                         resume=True, nprocs=rec.nprocs, max_queued=self.max_queued,
+                                         family=family)
             except RunIdTaken:
                 continue
         raise RunError(f"could not register a new attempt of run {rec.run_id}; try resume_run again")
@@ -201,16 +258,18 @@ class RunManager:
         return self.get(run_id)
 
 
-def _worker(rd: RunDir, run_id: str) -> dict | None:
-    """The run's live worker: the writer lock's holder, or (before it took the lock) the worker process the
-    supervisor recorded for this attempt, while it is still that process."""
-    holder = rd.writer()
-    if holder:
-        return holder
-    rec = rd.attempts().get(run_id, {})
-    if outcome.same_process(rec.get("worker_pid"), rec.get("worker_start")) and rec.get("worker_start"):
-        return {"pid": rec["worker_pid"], "pgid": rec.get("worker_pgid")}
-    return None
+_STARTED: dict[str, subprocess.Popen] = {}
+"""Supervisors this process started, by run id: its own children, so their pids cannot have been reused."""
+
+
+def _supervisor(rec: RunRecord) -> dict | None:
+    """The run's live supervisor: the process holding its runner.lock, or one this process started moments
+    ago that has not taken the lock yet."""
+    held = RunDir(rec.run_dir).supervisor(rec.run_id)
+    if held is not None:
+        return held
+    child = _STARTED.get(rec.run_id)
+    return {"pid": child.pid, "pgid": child.pid} if child is not None and child.poll() is None else None
 
 
 def _signal(pid: int | None, sig: int) -> None:

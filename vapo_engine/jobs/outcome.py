@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vapo_engine.rundir import SUMMARY_JSON, RunDir, proc_start_time
+from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from .states import State
 
@@ -38,15 +38,6 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
-
-
-def same_process(pid: int | None, start: float | None) -> bool:
-    """`pid` is alive and (when its recorded start time is known) is still the process that was recorded,
-    not a newer one that reused the number."""
-    if not pid_alive(pid):
-        return False
-    now = proc_start_time(pid)
-    return start is None or now is None or now == start
 
 
 def resume_hint(rd: RunDir) -> str:

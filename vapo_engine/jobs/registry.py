@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_engine.errors import StorageError, UserError
-from vapo_engine.rundir import RUN_JSON, RunDir
+from vapo_engine.rundir import RunDir
 
-from .rebuild import records_from_run_dir
+from .rebuild import index_run_dirs
 from .states import ALLOWED, MESSAGES, State
 
 log = logging.getLogger("vapo_mcp.registry")
@@ -29,7 +30,12 @@ log = logging.getLogger("vapo_mcp.registry")
 
 class RunIdTaken(UserError):
     """A run id that the registry already holds."""
+
+
+class QueueFull(UserError):
+    """As many runs as `runtime.max_queued_runs` already wait."""
 DB_NAME = "runs.sqlite3"
+_ATTEMPT = re.compile(r"(.+)-r[0-9]+")
 COLUMNS = ("run_id", "experiment", "tags", "run_dir", "state", "message", "created", "started", "finished",
            "heartbeat", "pid", "exit_code", "resumed_from", "group_id", "variant", "resume", "nprocs")
 SCHEMA = """
@@ -41,7 +47,9 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_state ON runs(state);
 CREATE INDEX IF NOT EXISTS runs_group ON runs(group_id);
+CREATE TABLE IF NOT EXISTS skipped (run_dir TEXT PRIMARY KEY, reason TEXT NOT NULL, seen REAL NOT NULL);
 """
+"""`skipped`: run directories (or their attempt records) a rebuild could not index, and why."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,8 @@ class Registry:
         self._rebuilding = True
         try:
             if self.path.is_file() and self._usable():
+                with self._conn() as c:
+                    c.executescript(SCHEMA)  # a registry from before a table was added gets it
                 return
             for stale in (self.path.with_name(DB_NAME + "-wal"), self.path.with_name(DB_NAME + "-shm")):
                 if not self.path.exists() and stale.exists():  # a journal of a deleted database must not replay
@@ -110,7 +120,7 @@ class Registry:
         try:
             with self._raw() as c:
                 c.execute("SELECT COUNT(*) FROM runs").fetchone()
-            return True
+                columns = {row[1] for row in c.execute("PRAGMA table_info(runs)")}
         except sqlite3.DatabaseError as e:
             damaged = type(e) is sqlite3.DatabaseError or "malformed" in str(e) or "not a database" in str(e)
             if "no such table" in str(e):
@@ -119,24 +129,43 @@ class Registry:
                 raise StorageError(f"the run registry {self.path} cannot be used ({e}); make it and its folder "
                                    "writable (chmod u+w), or set runtime.log_dir in settings.json to a writable "
                                    "folder") from None
-            aside = self.path.with_name(f"{DB_NAME}.damaged-{int(time.time())}")
-            log.warning("run registry %s is damaged (%s); moved to %s and rebuilt", self.path, e, aside)
-            self._guard(lambda: os.replace(self.path, aside))
-            return False
+            return self._move_aside("damaged", str(e))
+        if not set(COLUMNS) <= columns:
+            return self._move_aside("wrong-schema", f"its runs table lacks {sorted(set(COLUMNS) - columns)}")
+        return True
+
+    def _move_aside(self, why: str, detail: str) -> bool:
+        aside = self.path.with_name(f"{DB_NAME}.{why}-{int(time.time())}")
+        log.warning("run registry %s is %s (%s); moved to %s and rebuilt", self.path, why, detail, aside)
+        for name in (DB_NAME + "-wal", DB_NAME + "-shm"):
+            if self.path.with_name(name).exists():
+                self._guard(self.path.with_name(name).unlink)
+        self._guard(lambda: os.replace(self.path, aside))
+        return False
 
     def rebuild(self) -> int:
         """Index every run directory under the root that the database does not know yet; returns how many
-        records were added."""
+        records were added. A record that cannot be read, or that claims an id which is not its directory's
+        (or that another directory claims too), is skipped and listed in `skipped()`; every other run stays."""
+        rows, problems = index_run_dirs(self.root)
         added = 0
-        for meta in sorted(self.root.glob(f"*/*/{RUN_JSON}")):
-            for rec in records_from_run_dir(RunDir(meta.parent)):
-                with self._conn() as c:
-                    cur = c.execute(f"INSERT OR IGNORE INTO runs ({', '.join(COLUMNS)}) VALUES "
-                                    f"({','.join('?' * len(COLUMNS))})", [rec.get(k) for k in COLUMNS])
-                    added += cur.rowcount
-        if added:
-            log.warning("run registry %s: %d run record(s) rebuilt from the run directories", self.path, added)
+        with self._conn(immediate=True) as c:
+            for rec in rows:
+                cur = c.execute(f"INSERT OR IGNORE INTO runs ({', '.join(COLUMNS)}) VALUES "
+                                f"({','.join('?' * len(COLUMNS))})", [rec.get(k) for k in COLUMNS])
+                added += cur.rowcount
+            c.execute("DELETE FROM skipped")
+            c.executemany("INSERT OR REPLACE INTO skipped (run_dir, reason, seen) VALUES (?,?,?)",
+                          [(d, why, time.time()) for d, why in problems.items()])
+        if added or problems:
+            log.warning("run registry %s: %d run record(s) rebuilt from the run directories, %d skipped",
+                        self.path, added, len(problems))
         return added
+
+    def skipped(self) -> dict[str, str]:
+        """Run directory (or attempt) → why the last rebuild could not index it."""
+        with self._conn() as c:
+            return {r["run_dir"]: r["reason"] for r in c.execute("SELECT run_dir, reason FROM skipped")}
 
     @contextmanager
     def _raw(self):
@@ -194,17 +223,32 @@ class Registry:
     # --- records -----------------------------------------------------------------------------------------------
     def add(self, run_id: str, experiment: str, tags, run_dir: Path, *, resumed_from: str | None = None,
             group_id: str | None = None, variant: str | None = None, resume: bool = False,
-            nprocs: int = 1) -> RunRecord:
-        with self._conn() as c:
-            cur = c.execute("INSERT OR IGNORE INTO runs (run_id, experiment, tags, run_dir, state, message, created,"
-                            " resumed_from, group_id, variant, resume, nprocs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                            (run_id, experiment, json.dumps(list(tags)), str(run_dir), State.QUEUED.value,
-                             MESSAGES[State.QUEUED], time.time(), resumed_from, group_id, variant, int(resume),
-                             nprocs))
+            nprocs: int = 1, max_queued: int | None = None, family: str | None = None) -> RunRecord:
+        """Queue a new record, in one transaction with its checks: with `max_queued`, `QueueFull` when that many
+        runs already wait; with `family` (a run's first id), the family's queued or running attempt is returned
+        instead of a new one (a second resume_run gets the attempt the first one made)."""
+        with self._conn(immediate=True) as c:
+            live = _live_attempt(c, family) if family else None
+            if live is None:
+                queued = c.execute("SELECT COUNT(*) FROM runs WHERE state = ?", (State.QUEUED.value,)).fetchone()[0]
+                if max_queued is not None and queued >= max_queued:
+                    raise queue_full(queued, max_queued)
+                cur = c.execute("INSERT OR IGNORE INTO runs (run_id, experiment, tags, run_dir, state, message, "
+                                "created, resumed_from, group_id, variant, resume, nprocs) VALUES "
+                                "(?,?,?,?,?,?,?,?,?,?,?,?)",
+                                (run_id, experiment, json.dumps(list(tags)), str(run_dir), State.QUEUED.value,
+                                 MESSAGES[State.QUEUED], time.time(), resumed_from, group_id, variant, int(resume),
+                                 nprocs))
+        if live is not None:
+            return self.get(live)
         if cur.rowcount != 1:
             raise RunIdTaken(f"run id {run_id!r} is already registered; pick another run id")
         self._mirror(run_id)
         return self.get(run_id)
+
+    def queued(self) -> int:
+        with self._conn() as c:
+            return c.execute("SELECT COUNT(*) FROM runs WHERE state = ?", (State.QUEUED.value,)).fetchone()[0]
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._conn() as c:
@@ -259,6 +303,26 @@ class Registry:
         for r in rows:
             self._mirror(r["run_id"])
         return [self.get(r["run_id"]) for r in rows]
+
+
+def queue_full(queued: int, max_queued: int, asked: int = 1) -> QueueFull:
+    what = "a run" if asked == 1 else f"{asked} runs"
+    return QueueFull(f"{queued} runs are already queued and runtime.max_queued_runs is {max_queued}, so {what} "
+                     "cannot be queued now; wait for queued runs to start, stop some (list_runs(state='queued'), "
+                     "then stop_run), or raise runtime.max_queued_runs in settings.json")
+
+
+def family_of(run_id: str) -> str:
+    """The first id of a run: `R` for `R`, `R-r1`, `R-r2`, …"""
+    m = _ATTEMPT.fullmatch(run_id)
+    return m.group(1) if m else run_id
+
+
+def _live_attempt(c: sqlite3.Connection, family: str) -> str | None:
+    rows = c.execute("SELECT run_id FROM runs WHERE (run_id = ? OR run_id LIKE ?) AND state IN (?, ?) "
+                     "ORDER BY created DESC", (family, family + "-r%", State.QUEUED.value,
+                                               State.RUNNING.value)).fetchall()
+    return next((r["run_id"] for r in rows if family_of(r["run_id"]) == family), None)
 
 
 def _record(row: sqlite3.Row) -> RunRecord:

@@ -2,9 +2,10 @@
 
 Started in its own process session by the run manager, so it outlives the MCP server. It starts the trainer
 worker in a session of its own (so killing the supervisor does not kill the training, and a force stop can
-kill exactly the worker's process group), beats a heartbeat into the registry, forwards a stop request
-(SIGTERM → graceful, then SIGKILL after a grace period), records the final state with a message a person can
-act on, and then starts the next queued run. Torch-free: it never imports the trainer.
+kill exactly the worker's process group), holds runner.lock for its whole life (the run manager's evidence
+that it is this run's supervisor), beats a heartbeat into the registry, forwards a stop request (SIGTERM →
+graceful, then SIGKILL after a grace period; SIGUSR1 → SIGKILL at once), records the final state with a
+message a person can act on, and then starts the next queued run. Torch-free: it never imports the trainer.
 
 Launch: one process runs `python -m vapo_engine.trainer RUN_DIR`; several processes on this node run the
 loopback-bound launcher `python -m vapo_engine.trainer.launch N RUN_DIR`; several nodes (only ever set in
@@ -20,11 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, proc_start_time
+from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, RunDirBusy
 
-from .manager import RunManager
+from .manager import FORCE_SIGNAL, RunManager
 from .outcome import HEARTBEAT_S, final_state
 from .registry import Registry
+from .states import State
 from .threads import worker_env
 
 STOP_GRACE_S = 60.0
@@ -46,37 +48,62 @@ def worker_command(run_dir: Path, resume: bool) -> list[str]:
 
 
 def supervise(root: Path, run_id: str) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: _asked("stop"))  # before anything: a stop is never lost
+    signal.signal(FORCE_SIGNAL, lambda *_: _asked("force"))
     reg = Registry(root)
     rec = reg.get(run_id)
     if rec is None:
         return 2
     rd = RunDir(rec.run_dir)
+    try:
+        lock = rd.acquire_supervisor()  # noqa: F841 - held until this process exits
+    except RunDirBusy as e:
+        reg.transition(run_id, State.FAILED, f"not started: {e}")
+        return 1
     log_from = rd.log_size()
-    rd.record_attempt(run_id, {"supervisor_start": proc_start_time(os.getpid()), "log_offset": log_from})
+    rd.record_attempt(run_id, {"log_offset": log_from})
     reg.update(run_id, pid=os.getpid(), heartbeat=time.time(), message="training; poll run_status")
     with open(rd.file(WORKER_LOG), "ab", buffering=0) as log:
-        child = subprocess.Popen(worker_command(rec.run_dir, rec.resume), stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                 env=worker_env(nprocs=rec.nprocs))
-        rd.record_attempt(run_id, {"worker_pid": child.pid, "worker_pgid": child.pid,
-                                   "worker_start": proc_start_time(child.pid)})
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: _request_stop(child))
-        threading.Thread(target=_heartbeat, args=(reg, run_id, child, stop), daemon=True).start()
-        rc = child.wait()
-        stop.set()
-    state, message = final_state(rd, rc, stopped=_stop_requested(child), since=rec.started, log_from=log_from)
+        if _ASKED:
+            rc = None
+        else:
+            _CHILD.append(subprocess.Popen(worker_command(rec.run_dir, rec.resume), stdout=log,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           start_new_session=True, env=worker_env(nprocs=rec.nprocs)))
+            rc = _supervise_child(reg, rd, run_id, _CHILD[0])
+    state, message = final_state(rd, rc, stopped=bool(_ASKED), since=rec.started, log_from=log_from)
     reg.transition(run_id, state, message, exit_code=rc)
     RunManager(root).tick()
     return 0
 
 
-_STOP_ASKED: set[int] = set()
+def _supervise_child(reg: Registry, rd: RunDir, run_id: str, child: subprocess.Popen) -> int:
+    rd.record_attempt(run_id, {"worker_pid": child.pid})  # shown only; nothing signals a pid read from here
+    if _ASKED:  # asked while the worker was being started
+        _act(_ASKED[-1], child)
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(reg, run_id, child, stop), daemon=True).start()
+    rc = child.wait()
+    stop.set()
+    return rc
 
 
-def _request_stop(child: subprocess.Popen) -> None:
-    _STOP_ASKED.add(child.pid)
-    if child.poll() is None:
+_ASKED: list[str] = []
+_CHILD: list[subprocess.Popen] = []
+
+
+def _asked(kind: str) -> None:
+    """SIGTERM ("stop": the worker checkpoints, then exits; killed after STOP_GRACE_S) or SIGUSR1 ("force":
+    SIGKILL to the worker's process group at once), whenever it arrives."""
+    _ASKED.append(kind)
+    if _CHILD:
+        _act(kind, _CHILD[0])
+
+
+def _act(kind: str, child: subprocess.Popen) -> None:
+    if kind == "force":
+        _kill_group(child.pid)
+    elif child.poll() is None:
         child.send_signal(signal.SIGTERM)
         threading.Timer(STOP_GRACE_S, lambda: child.poll() is None and _kill_group(child.pid)).start()
 
@@ -87,10 +114,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _stop_requested(child: subprocess.Popen) -> bool:
-    return child.pid in _STOP_ASKED
 
 
 def _heartbeat(reg: Registry, run_id: str, child: subprocess.Popen, stop: threading.Event) -> None:

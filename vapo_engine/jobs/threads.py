@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 
 MAX_CONCURRENT_ENV = "VAPO_MCP_MAX_CONCURRENT"
+SETTINGS_ENV = "VAPO_MCP_SETTINGS"
+"""The settings.json of the server that started a run: its worker resolves the API channel from it, never from
+a path recorded in the run directory (a run directory is data)."""
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 

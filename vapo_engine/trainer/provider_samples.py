@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from functools import partial
 from pathlib import Path
 
 from vapo_engine.config import TrainConfig, load_settings, resolve_channel
+from vapo_engine.jobs.threads import SETTINGS_ENV
 from vapo_engine.prompts import PromptFormat, encode_prompts
 from vapo_engine.providers.redaction import scrub_obj
 from vapo_engine.rundir import PROVIDER_CACHE as CACHE
@@ -76,7 +78,7 @@ class ProviderSamples:
         self.max_requests, self.cap = p.max_requests, p.max_tokens or cfg.model.max_tokens
         chat = {"temperature": cfg.model.temperature if p.temperature is None else p.temperature,
                 "max_tokens": self.cap}
-        channel = _channel(self.rd, cfg)
+        channel = _channel(cfg)
         self.worker = ProviderWorker(channel, model=p.model, concurrency=ConcurrencyPolicy(start=p.concurrency),
                                      max_pending=p.max_pending, chat_kw=chat,
                                      explain=partial(explain_provider_down, channel=channel)).start()
@@ -178,12 +180,14 @@ class ProviderSamples:
         self._write_state(final=self.metrics())
 
 
-def _channel(rd: RunDir, cfg: TrainConfig):
-    """The channel exactly as the tools resolve it: settings.json the run was started with (run.json records
-    its path), the environment and the .env next to it. The key never comes from a run file."""
-    path = rd.meta().get("settings_path")
+def _channel(cfg: TrainConfig):
+    """The channel exactly as the tools resolve it: the settings.json of the server that started this attempt
+    (`SETTINGS_ENV` in the environment), the environment and the .env next to it. Nothing of it comes from the
+    run directory, which is data: a path recorded there could send the key to any base URL (issue 23)."""
+    path = os.environ.get(SETTINGS_ENV)
     if not path:
-        raise ValueError("run.json does not record settings_path (a run started before provider samples existed)")
+        raise ValueError(f"the worker was started without {SETTINGS_ENV} (the server's settings.json); start the "
+                         "run with vapo-mcp (train, or the MCP server's start_training / resume_run)")
     channel, _ = resolve_channel(load_settings(path), cfg, dotenv_path=Path(path).parent / ".env")
     return channel
 
