@@ -71,7 +71,7 @@ def _load(path: str | None, smoke: bool):
     if name.startswith("builtin:"):  # a built-in model by name (recorded as its name, not a cache path)
         from vapo_engine.builtin_model import builtin_model_dir
         path = str(builtin_model_dir(task=name))
-    return AutoModelForCausalLM.from_pretrained(path).eval(), load_tokenizer(path), name
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False).eval(), load_tokenizer(path), name
 
 
 def main(argv=None) -> dict:

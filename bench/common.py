@@ -46,9 +46,10 @@ def random_head_value_dir(model_dir, out) -> Path:
     are non-zero even when no reward is earned — parity checks that compare zeros with zeros prove nothing."""
     import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
-    cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    cfg = AutoConfig.from_pretrained(model_dir, num_labels=1, trust_remote_code=False)
     cfg.classifier_dropout = 0.0
-    value = AutoModelForTokenClassification.from_pretrained(model_dir, config=cfg, dtype=torch.float32)
+    value = AutoModelForTokenClassification.from_pretrained(model_dir, config=cfg, dtype=torch.float32,
+                                                               trust_remote_code=False)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in (getattr(value, "score", None) or value.classifier).parameters():
@@ -100,7 +101,7 @@ def run_variant(variant: str, seed: int, steps: int, eval_interval: int, extra: 
                 log=None, preset: str = PRESET, run_json: dict | None = None, keep_in: Path | None = None,
                 name: str | None = None) -> dict:
     """Train one variant for `steps` policy steps with `seed`; returns the per-run record (curve, final, time).
-    `run_json`: extra run.json entries (e.g. settings_path for provider samples); `keep_in`: keep the run
+    `run_json`: extra run.json entries; `keep_in`: keep the run
     directory there (e.g. to serve its checkpoint) instead of a deleted temporary folder."""
     from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run

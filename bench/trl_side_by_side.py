@@ -162,8 +162,8 @@ def run_trl(args, task: str, model_dir: Path, steps: int, every: int) -> dict:
     def task_reward(completions, answer, **_):
         return [task_obj.reward(c, a) for c, a in zip(completions, answer)]
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(t.warmup_steps))
     models = SimpleNamespace(policy=model, tokenizer=tokenizer, device=torch.device("cpu"))

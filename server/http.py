@@ -11,6 +11,11 @@ from vapo_engine.serving.security import MIN_TOKEN_CHARS, TOKEN_ENV, check_bind
 __all__ = ["MIN_TOKEN_CHARS", "TOKEN_ENV", "check_token", "http_app", "serve_http"]
 check_token = check_bind
 """One set of bind rules for both servers (this MCP server and serve-model): vapo_engine.serving.security."""
+SESSION_IDLE_S, MAX_SESSIONS = 600.0, 256
+"""An MCP session nobody used for 10 minutes is closed; at most this many live at once (the SDK answers the
+next one with an error until one expires)."""
+MAX_CONNECTIONS, KEEP_ALIVE_S = 256, 5
+"""Open connections at once (beyond: 503), and how long an idle keep-alive connection is held."""
 UNAUTHORIZED = b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'
 
 
@@ -41,8 +46,11 @@ class BearerAuth:
 
 
 def security_settings(host: str, allowed_hosts: list[str]) -> TransportSecuritySettings:
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", *(f"{h}:*" for h in [host, *allowed_hosts]
-                                                         if h not in ("0.0.0.0", "::"))]
+    """DNS-rebinding protection: the Host (and Origin) must name this server — a loopback name, the bind
+    address or an `--allowed-host` — with any port or none (a reverse proxy on port 80/443 sends the bare
+    name)."""
+    names = ["127.0.0.1", "localhost", "[::1]", *(h for h in [host, *allowed_hosts] if h not in ("0.0.0.0", "::"))]
+    hosts = [form for h in dict.fromkeys(names) for form in (f"{h}:*", h)]
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                      allowed_origins=origins)
@@ -52,7 +60,8 @@ def http_app(server, *, host: str, token: str | None, allowed_hosts: list[str] =
     """The ASGI app: MCP at `path`, /health open, everything else behind the bearer token."""
     check_token(host, token)
     app = server.streamable_http_app(streamable_http_path=path, host=host,
-                                     transport_security=security_settings(host, list(allowed_hosts)))
+                                     transport_security=security_settings(host, list(allowed_hosts)),
+                                     session_idle_timeout=SESSION_IDLE_S, max_sessions=MAX_SESSIONS)
     return BearerAuth(app, token)
 
 
@@ -60,4 +69,5 @@ def serve_http(server, *, host: str, port: int, token: str | None, allowed_hosts
                log_level: str = "info") -> None:
     import uvicorn
     app = http_app(server, host=host, token=token, allowed_hosts=allowed_hosts)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=MAX_CONNECTIONS,
+                timeout_keep_alive=KEEP_ALIVE_S)

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_engine.config import ConfigError, TrainConfig, load_config, load_settings, preset_names
+from vapo_engine.config.secrets import redact_tokens
 from vapo_engine.jobs.threads import usable_cores
+from vapo_engine.providers import scrub
 from vapo_engine.runs import freeze_paths, runs_root
 from vapo_engine.tasks import BUILTIN_PREFIX
 
@@ -108,7 +110,7 @@ def allowed_roots(f: Files, policy: Policy) -> list[Path]:
 
 def refusal(given: object, roots: list[Path]) -> PathNotAllowed:
     """The one message for every refused path (same text whether or not it exists)."""
-    shown = str(given)
+    shown = redact_tokens(scrub(str(given)[:400]))  # echoed, so scrubbed like any text (a key as a path)
     shown = shown if len(shown) <= 200 else shown[:200] + "…"
     return PathNotAllowed(f"path {shown!r} is outside the allowed roots ({', '.join(map(str, roots))}); "
                           "restart the server with --allow-path DIR to allow it")

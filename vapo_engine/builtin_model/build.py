@@ -85,7 +85,7 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
               "val_size": recipe.val_size, "length_buckets": recipe.length_buckets, "log": log}
     if start is not None:
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(start)
+        model = AutoModelForCausalLM.from_pretrained(start, trust_remote_code=False)
         sft = {"start": start.name, "start_build_seconds": json.loads((start / "sft_metrics.json").read_text())
                .get("build_seconds")}
     else:

@@ -137,7 +137,14 @@ def named_value_spans(text: str) -> list[Span]:
 
 
 def bearer_value_spans(text: str) -> list[Span]:
-    return [m.span(1) for m in scan(_BEARER, text, reach=16 + MAX_GAP)]
+    """The value after `Bearer`, unless it is a short plain word ("a bearer token: …" in prose is not a
+    credential: a token has digits or symbols, or is long)."""
+    return [m.span(1) for m in scan(_BEARER, text, reach=16 + MAX_GAP) if not _prose(m.group(1))]
+
+
+def _prose(value: str) -> bool:
+    word = value.rstrip(":.")
+    return len(word) < 16 and word.isascii() and word.isalpha()
 
 
 def url_userinfo_spans(text: str) -> list[Span]:

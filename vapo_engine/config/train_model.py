@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, computed_field, model_validator
 
-from .base import Section
+from .base import PathText, Section
 from .errors import FieldProblem
 from .lora_model import LoraConfig
 
@@ -31,13 +31,13 @@ class ApiConfig(Section):
 class ModelConfig(Section):
     name: str = Field("qwen-32b", min_length=1)
     """Provider model id for API calls (not the weights that are trained)."""
-    local_path: str | None = None
+    local_path: PathText | None = None
     """Local Hugging Face causal-LM directory to train; unset = the built-in tiny model (offline, CPU)."""
     builtin: str | None = Field(None, pattern=r"^builtin:[a-z0-9-]+(@[a-z0-9-]+)?$")
     """Built-in model to start from when local_path is unset: unset = the training task's own (builtin:chain's
     for builtin:chain, builtin:addition's otherwise); or a named one, e.g. "builtin:chain@planted-stop" (the
     names and how each was built: vapo_engine/builtin_model/recipes.py)."""
-    value_path: str | None = None
+    value_path: PathText | None = None
     """Optional separate directory to initialise the value model from; unset = from the policy weights."""
     temperature: float = Field(0.7, ge=0, le=5)
     """Sampling temperature for rollouts (local and API). Paper: 1.0 during RL."""
@@ -155,15 +155,15 @@ class TrainingConfig(Section):
 
 
 class DataConfig(Section):
-    train: str = Field("builtin:addition", min_length=1)
+    train: PathText = Field("builtin:addition", min_length=1)
     """Training prompts: builtin:<task> or a JSONL name/path of {problem, answer}."""
-    data_dir: str = Field("./data", min_length=1)
+    data_dir: PathText = Field("./data", min_length=1)
     """Folder where named JSONL sets live (<data_dir>/<name>.jsonl); a registered benchmark (aime_2024,
     math500, gsm8k, ...) missing there is downloaded into it from the Hugging Face Hub (tasks/benchmarks)."""
 
 
 class EvalConfig(Section):
-    benchmark: str = Field("aime_2024", min_length=1)
+    benchmark: PathText = Field("aime_2024", min_length=1)
     """Held-out set: builtin:<task> or a name resolved to <data.data_dir>/<name>.jsonl (fetched when it is a
     registered benchmark such as aime_2024 and the file is missing)."""
     eval_interval: int = Field(250, ge=1)

@@ -106,14 +106,17 @@ class _Facts(dict):
 
     def __missing__(self, name: str) -> str:
         value = _fact(name, self.ev)
-        if value is None and self.full is not None:
-            value = _fact(name, self.full) if name in BORROWED_FACTS else UNKNOWN_FACT.get(name)
-        return value if value is not None else f"<{name}>"
+        if value is None and self.full is not None and name in BORROWED_FACTS:
+            value = _fact(name, self.full)
+        if value is None:
+            value = UNKNOWN_FACT.get(name) or f"(no {name.replace('_', ' ')} known)"
+        return value
 
 
 def render(template: str, ev: Evidence, full: Evidence | None = None) -> str:
-    """Fill `{fact}` placeholders; unknown values show as `<fact>`. With `full` (when `ev` is the caller's view
-    of a pasted error) a few names are borrowed from it and other unknowns get a plain wording."""
+    """Fill `{fact}` placeholders; a fact the evidence does not hold gets a plain wording (`UNKNOWN_FACT`, else
+    "(no <name> known)"), never a placeholder. With `full` (when `ev` is the caller's view of a pasted error)
+    a few names are borrowed from it."""
     return string.Formatter().vformat(template, (), _Facts(ev, full))[:MAX_TEXT]
 
 

@@ -254,7 +254,7 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
     server -= {"model"} if model else set()
     server -= {"url"} if base_url else set()
     if code_path is not None:
-        _code(fields, Path(code_path), settings_path)
+        _code(fields, Path(code_path), settings_path, secrets)
     if "proxy" not in fields:
         fields["proxy"] = proxy_facts(os.environ if env is None else env)
         server.add("proxy")
@@ -355,9 +355,9 @@ def _direct(fields: dict, secrets: list, *, status, body, headers, model, base_u
         fields["history"] = list(history) + [s for s in fields.get("history", []) if s not in history]
 
 
-def _code(fields: dict, root: Path, settings_path) -> None:
-    if not root.exists():
-        fields.setdefault("config_issues", []).append(f"{root}: code path not found")
+def _code(fields: dict, root: Path, settings_path, secrets=()) -> None:
+    if not root.exists():  # the path is echoed, so it is scrubbed like any pasted text (a key pasted as a path)
+        fields.setdefault("config_issues", []).append(f"{_clean(root, 300, secrets)}: code path not found")
         return
     hits, envs = scan_code(root)
     if settings_path is not None:

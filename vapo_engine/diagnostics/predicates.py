@@ -294,7 +294,9 @@ for _name, _get in {
     "retry_after": lambda ev: (f"{retry_after_seconds(ev.headers):g}s" if retry_after_seconds(ev.headers)
                                is not None else None),
     "error_message": lambda ev: ev.error.message[:200] if ev.error else None,
-    "close_matches": lambda ev: ", ".join(close_matches(ev.model, ev.models_listed or [])) if ev.model else None,
+    "close_matches": lambda ev: (", ".join(close_matches(ev.model, ev.models_listed or []))
+                                 or ("none; pick one GET /models lists" if ev.models_listed else None))
+    if ev.model else None,
     "no_proxy_hint": lambda ev: ",".join(dict.fromkeys([*(ev.proxy.no_proxy if ev.proxy else []),
                                                          "localhost", "127.0.0.1", "::1"])),
 }.items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -58,9 +59,44 @@ async def _read_json(request: Request) -> Any:
         if len(body) > MAX_BODY:
             raise too_big
     try:
-        return json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply to be a chat request; send a JSON object "
+                          "with messages") from None
     except ValueError as e:
         raise bad_request(f"the request body is not valid JSON ({str(e)[:120]}); send a JSON object") from None
+    _check_strings(data)
+    return data
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number; send finite numbers")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range; send finite numbers")
+    return value
+
+
+def _check_strings(data: Any) -> None:
+    """400 for a string that is not Unicode text (a lone surrogate such as "\\ud800" parses, then fails the
+    tokenizer); walked with a stack, so any depth the parser accepted costs no recursion."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(f"the request body holds a string that is not valid Unicode ({e.reason} at "
+                                  f"position {e.start}: a lone surrogate); send UTF-8 text") from None
 
 
 class Api:

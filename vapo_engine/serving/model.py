@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from vapo_engine.errors import UserError
 from vapo_engine.rollout.generate import special_ids
-from vapo_engine.rollout.tokenizer import load_tokenizer
+from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer
 
 from .protocol import ApiError, bad_request
 
@@ -121,7 +121,8 @@ def load_served_model(model_dir: str | Path, name: str, *, device: str = "auto",
     dev = pick_device(device)
     try:
         tok = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev), use_safetensors=True,
+                                                     **NO_REMOTE_CODE)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load a causal LM from {str(path)!r} ({str(e)[:300]}); serve a folder "
                              "written by save_pretrained with safetensors weights (a run's checkpoint "

@@ -21,7 +21,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from vapo_engine.errors import UserError
-from vapo_engine.rollout.tokenizer import load_tokenizer
+from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer, refuse_remote_code
 
 
 class ModelLoadError(UserError):
@@ -88,14 +88,14 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
     hf_logging.disable_progress_bar()
     try:
         tok = load_tokenizer(path)
-        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **NO_REMOTE_CODE)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load model from {str(path)!r}: {e}") from None
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     value = _load_value(Path(value_path) if value_path else path) if need_value else None
-    ref = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32) if reference_path else None
+    ref = _load_reference(reference_path) if reference_path else None
     for m in (policy, value, ref):
         if m is not None:  # eval mode throughout: no dropout, so old and new log-probs agree exactly
             m.to(device).eval()
@@ -104,15 +104,24 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
     return Models(policy, value, ref, tok, device, autocast_dtype, str(path))
 
 
+def _load_reference(path: str | Path) -> PreTrainedModel:
+    try:
+        refuse_remote_code(path)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **NO_REMOTE_CODE)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load the reference model from {str(path)!r}: {e}") from None
+
+
 def _load_value(path: Path) -> PreTrainedModel:
     """The value model from `path`. A head that the directory does not hold (a policy or base model) starts at
     zero, so the fresh critic predicts 0 everywhere (explained variance 0, not the −0.2…−0.4 of a random
     head) and its first gradients come from the targets alone."""
     try:
-        cfg = AutoConfig.from_pretrained(path, num_labels=1)
+        refuse_remote_code(path)
+        cfg = AutoConfig.from_pretrained(path, num_labels=1, **NO_REMOTE_CODE)
         cfg.classifier_dropout = 0.0
         model, info = AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32,
-                                                                      output_loading_info=True)
+                                                                      output_loading_info=True, **NO_REMOTE_CODE)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot build a value model from {str(path)!r} ({e}); set model.value_path to "
                              "a model whose architecture has a token-classification head, or use "
