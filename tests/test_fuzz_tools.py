@@ -7,9 +7,15 @@ key (or a key pasted into an argument); every error result names a fix (tests.mc
 Valid start_training / ablate calls do happen (and make real run directories), but a placeholder holds the run
 manager's only slot (tests.mcp_helpers.slot_held), so they stay queued and no trainer process starts; they are
 stopped at the end, and the test checks that none ever ran.
+
+`test_fuzz_run_directory_json` does the same to the run directories (issue 23): each round mutates one file of
+a run directory (a field set to junk, another type, a torn or deeply nested document, an attempt claiming
+another id, invalid UTF-8, an empty file), sometimes deletes the registry so it is rebuilt from them, then calls
+a run tool; the same assertions hold, and a live process that worker.json names is never signalled.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -141,3 +147,111 @@ async def test_fuzz_every_tool(tmp_path, monkeypatch):
     assert local[0] > CALLS_STDIO // 3 and remote[0] > CALLS_HTTP // 3  # the fuzz reaches the error paths
     assert local[1] + remote[1] > 0  # ... and some valid starts
     assert set(states.values()) <= {"queued", "stopped"}, states  # no trainer ever ran
+
+
+# --- run-directory JSON: whoever can write a run directory chooses what its files say ---------------------------
+RUN_FILES = ["run.json", "state.json", "summary.json", "worker.json", "config.json", "metrics.jsonl",
+             "provider.json"]
+RUN_TOOLS = ["list_runs", "run_status", "report_metrics", "stop_run", "resume_run", "diagnose_error"]
+MUTATIONS_STDIO, MUTATIONS_HTTP = 70, 30
+
+
+def _junk_json(rng: random.Random, original: object) -> bytes:
+    """A mutated file: the original with one field set to junk, junk of another type, a torn or deeply nested
+    document, a key claiming another run, invalid UTF-8, or nothing."""
+    pick = rng.randrange(8)
+    if pick == 0 and isinstance(original, dict) and original:
+        return json.dumps({**original, rng.choice(sorted(original)): rng.choice(JUNK)}).encode()
+    if pick == 1 and isinstance(original, dict) and isinstance(original.get("attempts"), dict):
+        attempts = {k: {**v, rng.choice(["created", "nprocs", "state", "pid", "tags", "started"]): rng.choice(JUNK)}
+                    if isinstance(v, dict) else v for k, v in original["attempts"].items()}
+        attempts[rng.choice(["x", "../y", "slot-holder", "a" * 200, "r-r1x"])] = {"state": "running", "pid": 1}
+        return json.dumps({**original, "attempts": attempts}).encode()
+    if pick == 2:
+        return json.dumps(rng.choice(JUNK)).encode()
+    if pick == 3:
+        return json.dumps(original).encode()[: rng.randint(0, 40)]
+    if pick == 4:
+        return b"[" * 100_000 + b"]" * 100_000
+    if pick == 5:
+        return b'{"run_id": "\xff\xfe", "created": NaN, "step": Infinity}'
+    if pick == 6:
+        return b"\n".join(json.dumps({"kind": rng.choice(["train", "eval", 3, None]), "step": rng.choice(JUNK),
+                                      "eval/greedy_accuracy": rng.choice(JUNK)}).encode() for _ in range(5))
+    return b""
+
+
+def _mutate(rng: random.Random, run_dirs: list, logs) -> None:
+    run_dir = rng.choice(run_dirs)
+    name = rng.choice(RUN_FILES)
+    path = run_dir / name
+    try:
+        original = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        original = None
+    path.write_bytes(_junk_json(rng, original))
+    if rng.random() < 0.3:  # the registry is rebuilt from whatever the directories now say
+        for db in logs.glob("runs.sqlite3*"):
+            db.unlink()
+
+
+async def _fuzz_run_dirs(server, rng: random.Random, rounds: int, run_dirs: list, logs, keep_slot) -> int:
+    errors = 0
+    ids = [d.name for d in run_dirs] + [f"{d.name}-r1" for d in run_dirs] + ["x", "../x", "a" * 81]
+    async with Client(server) as c:
+        for i in range(rounds):
+            _mutate(rng, run_dirs, logs)
+            tool = rng.choice(RUN_TOOLS)
+            args = {} if tool == "list_runs" else {"run_id": rng.choice(ids)}
+            if tool == "stop_run":
+                args["force"] = rng.random() < 0.5
+            res = await c.call_tool(tool, args)
+            _check(tool, args, res)
+            errors += bool(res.is_error)
+            if i % 10 == 0:
+                keep_slot()
+        alive = await c.call_tool("list_runs", {"limit": 200})
+        assert not alive.is_error, text(alive)
+    return errors
+
+
+async def test_fuzz_run_directory_json(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from server.app import build_server
+    from tests.conftest import ROOT
+    from tools.access import Policy
+    from vapo_engine.config import load_config, load_settings
+    from vapo_engine.jobs import Registry, State
+    from vapo_engine.rundir import RunDir
+    from vapo_engine.runs import create_run
+    ws = project(tmp_path, monkeypatch)
+    logs = ws / "logs"
+    reg = Registry(logs)
+    cfg, settings = load_config(ROOT / "config.toml"), load_settings(ws / "settings.json")
+    run_dirs = []
+    for i, state in enumerate([State.SUCCEEDED, State.FAILED, State.STOPPED, State.FAILED]):
+        run_dir = create_run(cfg, settings, logs, run_id=f"fz{i}").run_dir
+        reg.add(f"fz{i}", settings.experiment.name, ["fz"], run_dir)
+        reg.claim_queued(1)
+        reg.transition(f"fz{i}", state, "for the fuzz")
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "actor/pg_loss": 0.1})
+                                                       + "\n" for s in range(1, 4)))
+        RunDir(run_dir).write_json("worker.json", {"pid": 1, "pgid": 1, "host": "x"})
+        run_dirs.append(run_dir)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],  # noqa: ASYNC220
+                                 start_new_session=True)
+    try:
+        for d in run_dirs[:2]:  # a live process a planted record names: it must never be signalled
+            RunDir(d).write_json("worker.json", {"pid": bystander.pid, "pgid": bystander.pid})
+        rng = random.Random(SEED + 1)
+        with slot_held(logs) as keep_slot:
+            local = await _fuzz_run_dirs(build_server(Policy("stdio")), rng, MUTATIONS_STDIO, run_dirs, logs,
+                                         keep_slot)
+            remote = await _fuzz_run_dirs(build_server(Policy("http")), rng, MUTATIONS_HTTP, run_dirs, logs,
+                                          keep_slot)
+        assert bystander.poll() is None, "a process named only by a run directory was signalled"
+    finally:
+        bystander.kill()
+    assert local + remote > (MUTATIONS_STDIO + MUTATIONS_HTTP) // 5  # the fuzz reaches the error paths

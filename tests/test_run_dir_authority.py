@@ -264,3 +264,25 @@ def test_the_queue_is_bounded_with_a_clear_error(tmp_path, monkeypatch):
         with pytest.raises(Exception, match="max_queued_runs"):
             ablate(files, variants=["vapo", "grpo"], preset="cpu-demo")
         assert sorted(p.name for p in (tmp_path / "logs").glob("*/*")) == before, "no run directory was made"
+
+
+# --- run views read the end of metrics.jsonl, not the whole file -----------------------------------------------
+def test_latest_records_read_from_the_end_match_a_full_parse(tmp_path):
+    from vapo_engine import metrics
+    path = tmp_path / "metrics.jsonl"
+    lines = []
+    for step in range(1, 3001):
+        lines.append(json.dumps({"kind": "train", "step": step, "actor/pg_loss": step / 10}))
+        if step % 250 == 0:
+            lines.append(json.dumps({"kind": "eval", "step": step, "eval/greedy_accuracy": step / 3000}))
+    lines += ['{"kind": "train", "step": "3001"}', '{"note": "kind \\"train\\" mentioned in a string"}',
+              "[" * 5000, '{"kind": "train", "st']  # a wrong-typed step, a decoy, deep nesting, a torn line
+    path.write_text("\n".join(lines))
+    got = metrics.latest(path)
+    recs = [r for r in metrics.read_metrics(path) if isinstance(r.get("step"), int)]
+    assert got["train"] == [r for r in recs if r.get("kind") == "train"][-1] and got["train"]["step"] == 3000
+    assert got["eval"] == [r for r in recs if r.get("kind") == "eval"][-1]
+    with path.open("a") as f:
+        f.write('\n{"kind": "train", "step": 3001}\n')
+    assert metrics.latest(path)["train"]["step"] == 3001  # the cache follows the file
+    assert metrics.latest(tmp_path / "missing.jsonl") == {}

@@ -13,7 +13,7 @@ from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunError, RunRecord
 from vapo_engine.metrics import latest
 from vapo_engine.prompts import check_prompts
-from vapo_engine.rundir import METRICS, PROVIDER_JSON, RunDir
+from vapo_engine.rundir import CONFIG_JSON, METRICS, PROVIDER_JSON, RunDir
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
@@ -222,8 +222,12 @@ def resume_run(f: Files, run_id: str) -> RunView:
     planted config may not move the rendezvous, nor — for a remote caller — name paths outside the roots)."""
     mgr, _ = manager_for(f)
     rec = mgr.get(run_id)
+    frozen = RunDir(rec.run_dir).read_json(CONFIG_JSON)
+    if frozen is None:
+        raise ToolInputError(f"run {run_id}'s config.json is missing or unreadable; it cannot be resumed: "
+                             "start_training again")
     try:
-        cfg = TrainConfig.model_validate(RunDir(rec.run_dir).config())
+        cfg = TrainConfig.model_validate(frozen)
     except ValidationError as e:
         raise ToolInputError(f"run {run_id}'s config.json does not validate ({e.error_count()} error(s), first at "
                              f"{'.'.join(map(str, e.errors()[0]['loc']))}); it cannot be resumed: start_training "

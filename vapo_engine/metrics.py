@@ -100,7 +100,7 @@ STEP, KIND, TIME = "step", "kind", "time"
 
 def read_metrics(path: str | Path) -> list[dict]:
     """All records of a metrics.jsonl (each {step, kind, time, <name>: value, ...}); a torn or damaged line
-    (bad JSON, bad bytes, no integer step) is skipped, an unreadable file reads as empty."""
+    (bad JSON, bad bytes, deep nesting, no integer step) is skipped, an unreadable file reads as empty."""
     path = Path(path)
     out = []
     try:
@@ -108,7 +108,7 @@ def read_metrics(path: str | Path) -> list[dict]:
             for line in f:
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # torn, or nested deeper than the parser goes
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get(STEP), int):
                     out.append(rec)

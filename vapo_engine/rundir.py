@@ -73,7 +73,7 @@ class RunDir:
         """The parsed file, or None when it is missing or unreadable (never raises)."""
         try:
             data = json.loads(self.file(name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # missing, torn, not UTF-8, nested too deep
             return None
         return data if isinstance(data, dict) else None
 
@@ -249,7 +249,7 @@ def verify_checkpoint(folder: Path) -> str | None:
 def _verify(folder: Path) -> str | None:
     try:
         manifest = json.loads((folder / DONE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         return _verify_legacy(folder)
@@ -300,7 +300,7 @@ def safetensors_problem(path: Path) -> str | None:
                 return "damaged header"
             header = json.loads(f.read(n))
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
         return f"unreadable ({type(e).__name__})"
     expected = 8 + n + max(ends, default=0)
     return None if size == expected else f"truncated or padded ({size} bytes, the header declares {expected})"
