@@ -21,7 +21,9 @@ from tests.mcp_helpers import text
 from tests.serving_helpers import serving
 
 KEY = "sk-canary-9Qx7Lm2Pz8Rt4Vw6Yb3NcK5Jd"
-EVIL = "import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('the folder code ran')\n"
+EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('the folder code ran')\n"
+"""The folder's code: it marks that it ran (transformers imports a copy from its modules cache, so the marker
+path is absolute)."""
 
 
 # --- trust_remote_code ---------------------------------------------------------------------------------------
@@ -34,7 +36,7 @@ def _remote_code_folder(folder):
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "EvilTokenizer",
                                                               "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer",
                                                                                              None]}}))
-    (folder / "evil.py").write_text(EVIL)
+    (folder / "evil.py").write_text(EVIL.format(marker=str(folder / "RAN")))
     return folder
 
 
