@@ -55,11 +55,11 @@ def diagnose_error(*, status: int | None = None, body: str | None = None,
         raise ToolInputError(f"status {status} is not an HTTP status code: pass one in 100-599")
     if not 1 <= limit <= 50:
         raise ToolInputError("limit must be between 1 and 50: pass a limit in that range")
+    log_path, code_path = _confined(log_path, code_path, files)  # a remote caller's odd path: the one refusal
     for name, value in (("log_path", log_path), ("code_path", code_path), ("run_dir", run_dir)):
         if value is not None and any(ord(c) < 32 for c in str(value)):
             raise ToolInputError(f"{name} contains a NUL or other control character, which no path can hold: "
                                  "pass the path without it")
-    log_path, code_path = _confined(log_path, code_path, files)
     if log_path is not None:
         text = "\n".join(t for t in (text, _read_log(log_path)) if t)
     try:
