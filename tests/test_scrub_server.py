@@ -1,6 +1,6 @@
 """A provider that answers a megabyte of key-shaped text cannot stall the MCP server (issue 23, item 1): a real
 `vapo-mcp serve --http` process runs smoke_test against a loopback provider whose answer is
-`"sk-" * 350000`; while the answer is scrubbed, /health keeps answering within 100 ms (before, the scrub ran on
+`"sk-" * 350000`; while the answer is scrubbed, /health keeps answering (median under 100 ms, none over 1 s; before, the scrub ran on
 the event loop: 47.6 s for 60 kB, /health blocked throughout), and nothing of the key reaches the result."""
 from __future__ import annotations
 
@@ -48,9 +48,14 @@ def test_health_answers_while_a_megabyte_answer_is_scrubbed(proj, monkeypatch):
     assert CANARY not in text(res)
     assert len(latencies) >= 10, "the call ended before /health was polled: the test proves nothing"
     latencies.sort()
-    assert latencies[-1] < 0.1, (f"/health took {latencies[-1] * 1000:.0f} ms (median "
-                                 f"{latencies[len(latencies) // 2] * 1000:.0f} ms; with no scrub running: max "
-                                 f"{max(idle) * 1000:.0f} ms, load average {os.getloadavg()[0]:.1f})")
+    # The old code blocked /health for the whole scrub (46 s for 60 kB). On a quiet machine every poll answers
+    # in well under 100 ms; a loaded CI machine can delay a single poll, so one late answer is tolerated up to
+    # 1 s, while the median must stay under 100 ms.
+    median, worst = latencies[len(latencies) // 2], latencies[-1]
+    detail = (f"median {median * 1000:.0f} ms, worst {worst * 1000:.0f} ms; with no scrub running: max "
+              f"{max(idle) * 1000:.0f} ms, load average {os.getloadavg()[0]:.1f}")
+    assert median < 0.1, f"/health was slow while the scrub ran: {detail}"
+    assert worst < 1.0, f"/health was blocked while the scrub ran: {detail}"
 
 
 def _poll(http: httpx.Client, seconds: float) -> list[float]:
