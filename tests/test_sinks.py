@@ -101,7 +101,7 @@ def test_an_unknown_sink_is_refused_with_the_known_names(tmp_path, model_dir, pr
     from tools.training import prepare_config
     f = Files(project / "config.toml", project / "settings.json")
     with pytest.raises(UnknownSinkError, match="known sinks: console, jsonl, tensorboard"):
-        prepare_config(f, None, ["logging.sinks=jsonl,wandb_typo"])
+        prepare_config(f, None, ['logging.sinks=["jsonl","wandb_typo"]'])
 
 
 def test_the_config_keeps_metrics_jsonl_and_each_name_once():
@@ -111,7 +111,7 @@ def test_the_config_keeps_metrics_jsonl_and_each_name_once():
         with pytest.raises(ConfigError, match="logging.sinks") as e:
             load_config(ROOT / "config.toml", [f"logging.sinks={sinks}"])
         assert why in str(e.value)
-    assert load_config(ROOT / "config.toml", ["logging.sinks=jsonl,console"]).logging.sinks == ["jsonl", "console"]
+    assert load_config(ROOT / "config.toml", ['logging.sinks=["jsonl","console"]']).logging.sinks == ["jsonl", "console"]
 
 
 def test_register_sink_refuses_a_bad_or_taken_name():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, computed_field, field_validator, model_validator
+from pydantic import Field, computed_field, model_validator
 
 from .base import PathText, Section
 from .errors import FieldProblem
@@ -238,21 +238,14 @@ class LoggingConfig(Section):
     report_metrics and the diagnostics read; always required), "tensorboard" (event files in tb/; skipped when
     tensorboard is not installed), "console" (one progress line per record in the worker log, which
     `vapo-mcp train` prints). A sink that code registers with vapo_engine.sinks.register_sink is named the same
-    way; an unknown name is refused with the list of known ones."""
-
-    @field_validator("sinks", mode="before")
-    @classmethod
-    def _split_names(cls, v):
-        """A single string (from --set or TOML) is a comma-separated list of names."""
-        if isinstance(v, str):
-            return [s.strip() for s in v.split(",") if s.strip()]
-        return v
+    way; an unknown name is refused with the list of known ones. From the command line:
+    --set 'logging.sinks=["jsonl","console"]'."""
 
     @model_validator(mode="after")
     def _check_sinks(self) -> LoggingConfig:
         if "jsonl" not in self.sinks:
-            raise FieldProblem("logging.sinks", "metrics.jsonl is the run's record (the run tools, the "
-                               "diagnostics and report_metrics read it)", 'keep "jsonl" in the list, e.g. '
+            raise FieldProblem("logging.sinks", '"jsonl" is missing: metrics.jsonl is the run\'s record (the run '
+                               "tools, the diagnostics and report_metrics read it)", 'keep "jsonl" in the list, e.g. '
                                'sinks = ["jsonl", "tensorboard", "console"]')
         if len(set(self.sinks)) < len(self.sinks):
             raise FieldProblem("logging.sinks", "a sink is named twice", "name each sink once")
