@@ -205,8 +205,8 @@ def _training_tools(mcp: MCPServer) -> None:
         provider_samples: also ask the configured API channel's model (settings.json) to answer the training
         prompts; its correct answers become extra positive examples (costs API calls, capped by max_requests;
         report_metrics shows provider/*; run_status says if the provider went down)."""
-        return training.start_training(files(), preset=preset, overrides=list(overrides or []), tags=list(tags or []),
-                                       provider=provider_samples)
+        return training.start_training(files(), preset=preset, overrides=list(overrides or []),
+                                       tags=list(tags or []), provider=provider_samples)
 
     @mcp.tool(annotations=STARTS)
     @agent_errors
@@ -271,7 +271,7 @@ def _run_tools(mcp: MCPServer) -> None:
     @agent_errors
     @in_thread
     def run_status(run_id: RunId,
-                         log_lines: Annotated[int, Field(ge=0, le=200)] = 20) -> training.RunStatus:
+                   log_lines: Annotated[int, Field(ge=0, le=200)] = 20) -> training.RunStatus:
         """State (queued/running/succeeded/failed/stopped) with its message, step/total, latest evaluation, the
         worker log tail and what to do next. Poll this after start_training."""
         return training.run_status(files(), run_id, log_lines=log_lines)
@@ -280,8 +280,8 @@ def _run_tools(mcp: MCPServer) -> None:
     @agent_errors
     @in_thread
     def stop_run(run_id: RunId,
-                       force: Annotated[bool, Field(description="SIGKILL at once instead of a graceful stop "
-                                                                "after a checkpoint")] = False) -> training.RunView:
+                 force: Annotated[bool, Field(description="SIGKILL at once instead of a graceful stop "
+                                                          "after a checkpoint")] = False) -> training.RunView:
         """Stop a queued or running run (graceful: it checkpoints first, so resume_run can continue it)."""
         return training.stop_run(files(), run_id, force=force)
 

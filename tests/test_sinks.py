@@ -111,7 +111,8 @@ def test_the_config_keeps_metrics_jsonl_and_each_name_once():
         with pytest.raises(ConfigError, match="logging.sinks") as e:
             load_config(ROOT / "config.toml", [f"logging.sinks={sinks}"])
         assert why in str(e.value)
-    assert load_config(ROOT / "config.toml", ['logging.sinks=["jsonl","console"]']).logging.sinks == ["jsonl", "console"]
+    cfg = load_config(ROOT / "config.toml", ['logging.sinks=["jsonl","console"]'])
+    assert cfg.logging.sinks == ["jsonl", "console"]
 
 
 def test_register_sink_refuses_a_bad_or_taken_name():

@@ -6,7 +6,7 @@ import statistics
 
 from pydantic import BaseModel, Field
 
-from vapo_engine.jobs.views import RunSnapshot
+from vapo_engine.jobs import RunSnapshot
 from vapo_engine.metrics import CATALOGUE
 from vapo_engine.rundir import REPORT_PNG
 
@@ -147,7 +147,8 @@ def ablation_report(f: Files, ablation_id: str, *, threshold: float | None = Non
     if plot and any(curves.values()):
         png = plot_curves(curves, views.manager.root / f"{ablation_id}.png", f"ablation {ablation_id}")
     return AblationReport(ablation_id=ablation_id, threshold=thr, rows=rows, table_markdown=_table(rows, thr),
-                          plot_png=str(png) if png else None, done=all(s.record.state.terminal for s in latest.values()))
+                          plot_png=str(png) if png else None,
+                          done=all(s.record.state.terminal for s in latest.values()))
 
 
 def _table(rows: list[AblationRow], thr: float) -> str:

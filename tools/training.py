@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
-from vapo_engine.jobs.views import RunSnapshot, RunViews
+from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
 from vapo_engine.rundir import CONFIG_JSON
 from vapo_engine.runs import create_run, freeze_paths
@@ -151,8 +151,9 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
                       secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
-    return StartResult(run=_view(RunViews(mgr).of(rec)), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
-                       f"report_metrics(run_id='{info.run_id}')",
+    return StartResult(run=_view(RunViews(mgr).of(rec)),
+                       poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
+                            f"report_metrics(run_id='{info.run_id}')",
                        warnings=[str(w) for w in warns if w.key != "api.api_key_env"])
 
 
