@@ -9,6 +9,7 @@ the server's access policy (tools.access: what stdio and HTTP clients may read a
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -43,6 +44,16 @@ RunId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9]
                              description="a run id from start_training / list_runs (or an ablation id abl-…)")]
 Overrides = Annotated[list[Annotated[str, Field(max_length=300)]], Field(
     max_length=50, description="config.toml overrides as 'section.key=value', e.g. 'vapo.alpha=0.8'")]
+
+
+def in_thread(fn):
+    """Decorator for a tool whose body blocks (files, SQLite, starting processes): the tool runs the plain
+    function in a worker thread (anyio.to_thread.run_sync, which carries the caller's access policy along), so
+    the server keeps answering other calls meanwhile. The signature — the tool's schema — is `fn`'s."""
+    @functools.wraps(fn)
+    async def run(*args, **kwargs):
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+    return run
 
 
 class Report(BaseModel):
@@ -151,7 +162,8 @@ def _channel_tools(mcp: MCPServer) -> None:
 
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors
-    async def diagnose_error(
+    @in_thread
+    def diagnose_error(
         status: Annotated[int | None, Field(ge=100, le=599, description="HTTP status code")] = None,
         body: Annotated[str | dict | list | None, Field(description="error response body (text or JSON)")] = None,
         headers: Annotated[dict[str, str] | None, Field(description="response headers")] = None,
@@ -167,24 +179,21 @@ def _channel_tools(mcp: MCPServer) -> None:
         oscillation, length not growing, value/entropy collapse, NaN, λ collapsed by a small α, paper
         mismatch). Use after any error or when a run looks wrong."""
         f = files()
-        run_dir = None
-        if run_id:
-            mgr, _ = manager_for(f)
-            run_dir = mgr.get(run_id).run_dir
-        kwargs = {"run_dir": run_dir} if run_dir is not None else {}
+        kwargs = {"run_dir": training.views_for(f).get(run_id).record.run_dir} if run_id else {}
         if body is not None and not isinstance(body, str):
             body = json.dumps(body)  # the SDK hands JSON text over already parsed
         body = body[:100_000] if body else body
-        return await anyio.to_thread.run_sync(lambda: diagnose_tools.diagnose_error(
+        return diagnose_tools.diagnose_error(
             status=status, body=body, headers=headers, text=text, log_path=log_path, code_path=code_path,
             settings_path=f.settings if check_config else None, config_path=f.config if check_config else None,
-            files=f, **kwargs))
+            files=f, **kwargs)
 
 
 def _training_tools(mcp: MCPServer) -> None:
     @mcp.tool(annotations=STARTS)
     @agent_errors
-    async def start_training(
+    @in_thread
+    def start_training(
         preset: Annotated[str | None, Field(max_length=200, description="'cpu-demo' (built-in tiny model, ~3 min "
                                                                           "on a CPU) or a .toml of overrides")] = None,
         overrides: Overrides | None = None,
@@ -196,13 +205,13 @@ def _training_tools(mcp: MCPServer) -> None:
         provider_samples: also ask the configured API channel's model (settings.json) to answer the training
         prompts; its correct answers become extra positive examples (costs API calls, capped by max_requests;
         report_metrics shows provider/*; run_status says if the provider went down)."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.start_training(
-            f, preset=preset, overrides=list(overrides or []), tags=list(tags or []), provider=provider_samples))
+        return training.start_training(files(), preset=preset, overrides=list(overrides or []),
+                                       tags=list(tags or []), provider=provider_samples)
 
     @mcp.tool(annotations=STARTS)
     @agent_errors
-    async def ablate(
+    @in_thread
+    def ablate(
         variants: Annotated[list[Literal[tuple(VARIANTS)]] | None, Field(  # type: ignore[valid-type]
             max_length=len(VARIANTS), description="variants to run (default: full VAPO, every 'w/o X', PPO, "
                                                   "GRPO); full VAPO is always included")] = None,
@@ -211,13 +220,13 @@ def _training_tools(mcp: MCPServer) -> None:
     ) -> training.AblationStart:
         """Run full VAPO and 'w/o X' variants (and PPO/GRPO baselines) with the same budget and seed, one after
         another. Returns an ablation id; report_metrics(ablation id) gives the comparison table and plot."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.ablate(
-            f, variants=list(variants) if variants else None, preset=preset, overrides=list(overrides or [])))
+        return training.ablate(files(), variants=list(variants) if variants else None, preset=preset,
+                               overrides=list(overrides or []))
 
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors
-    async def report_metrics(
+    @in_thread
+    def report_metrics(
         run_id: RunId,
         names: Annotated[list[Literal[tuple(CATALOGUE)]] | None, Field(  # type: ignore[valid-type]
             max_length=20, description="metric names (default: reward, length, explained var, λ, entropy, "
@@ -228,9 +237,8 @@ def _training_tools(mcp: MCPServer) -> None:
     ) -> Annotated[CallToolResult, Report]:
         """A run's latest metrics, trends (is length growing? reward stable? explained variance?), a bounded
         series with a continuation cursor and a PNG plot; for an ablation id, the comparison table + plot."""
-        f = files()
-        res = await anyio.to_thread.run_sync(lambda: report_tools.report_metrics(
-            f, run_id, names=list(names) if names else None, cursor=cursor, limit=limit, plot=plot))
+        res = report_tools.report_metrics(files(), run_id, names=list(names) if names else None, cursor=cursor,
+                                          limit=limit, plot=plot)
         rep = Report(ablation=res) if isinstance(res, report_tools.AblationReport) else Report(run=res)
         return _with_image(rep, res.plot_png)
 
@@ -247,7 +255,8 @@ def _with_image(rep: Report, png: str | None) -> CallToolResult:
 def _run_tools(mcp: MCPServer) -> None:
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors
-    async def list_runs(
+    @in_thread
+    def list_runs(
         state: Annotated[Literal["queued", "running", "succeeded", "failed", "stopped"] | None,
                          Field(description="filter by state")] = None,
         experiment: Annotated[str | None, Field(max_length=100)] = None,
@@ -256,34 +265,32 @@ def _run_tools(mcp: MCPServer) -> None:
     ) -> training.RunList:
         """Runs newest first, with state, progress and latest held-out accuracy; filter by state/experiment/tag.
         `skipped` lists run records the registry could not index (with why and the fix)."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.list_runs(
-            f, state=state, experiment=experiment, tag=tag, limit=limit))
+        return training.list_runs(files(), state=state, experiment=experiment, tag=tag, limit=limit)
 
     @mcp.tool(annotations=READ_ONLY)
     @agent_errors
-    async def run_status(run_id: RunId,
-                         log_lines: Annotated[int, Field(ge=0, le=200)] = 20) -> training.RunStatus:
+    @in_thread
+    def run_status(run_id: RunId,
+                   log_lines: Annotated[int, Field(ge=0, le=200)] = 20) -> training.RunStatus:
         """State (queued/running/succeeded/failed/stopped) with its message, step/total, latest evaluation, the
         worker log tail and what to do next. Poll this after start_training."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.run_status(f, run_id, log_lines=log_lines))
+        return training.run_status(files(), run_id, log_lines=log_lines)
 
     @mcp.tool(annotations=DESTRUCTIVE)
     @agent_errors
-    async def stop_run(run_id: RunId,
-                       force: Annotated[bool, Field(description="SIGKILL at once instead of a graceful stop "
-                                                                "after a checkpoint")] = False) -> training.RunView:
+    @in_thread
+    def stop_run(run_id: RunId,
+                 force: Annotated[bool, Field(description="SIGKILL at once instead of a graceful stop "
+                                                          "after a checkpoint")] = False) -> training.RunView:
         """Stop a queued or running run (graceful: it checkpoints first, so resume_run can continue it)."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.stop_run(f, run_id, force=force))
+        return training.stop_run(files(), run_id, force=force)
 
     @mcp.tool(annotations=STARTS)
     @agent_errors
-    async def resume_run(run_id: RunId) -> training.RunView:
+    @in_thread
+    def resume_run(run_id: RunId) -> training.RunView:
         """Continue a failed or stopped run from its newest checkpoint (a new run id in the same directory)."""
-        f = files()
-        return await anyio.to_thread.run_sync(lambda: training.resume_run(f, run_id))
+        return training.resume_run(files(), run_id)
 
 
 EVALUATES = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True)

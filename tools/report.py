@@ -6,11 +6,13 @@ import statistics
 
 from pydantic import BaseModel, Field
 
+from vapo_engine.jobs import RunSnapshot
 from vapo_engine.metrics import CATALOGUE
-from vapo_engine.rundir import REPORT_PNG, RunDir
+from vapo_engine.rundir import REPORT_PNG
 
-from .paths import Files, ToolInputError, manager_for
+from .paths import Files, ToolInputError
 from .plots import plot_curves, plot_run
+from .training import views_for
 
 DEFAULT_SERIES = ("rollout/reward_mean", "rollout/response_length", "critic/explained_var",
                   "vapo/lambda_policy_mean", "actor/entropy", "actor/pg_loss")
@@ -97,19 +99,16 @@ def report_metrics(f: Files, run_id: str, *, names: list[str] | None = None, cur
     bad = [n for n in names if n not in CATALOGUE]
     if bad:
         raise ToolInputError(f"unknown metric(s) {bad}; valid names: {', '.join(sorted(CATALOGUE))}")
-    mgr, _ = manager_for(f)
-    rec = mgr.get(run_id)
-    recs = RunDir(rec.run_dir).metrics()
-    train = _last_per_step([r for r in recs if r.get("kind") == "train"])
-    evals = _last_per_step([r for r in recs if r.get("kind") == "eval"])
+    snap = views_for(f).get(run_id)
+    train, evals = snap.history.get("train", []), snap.history.get("eval", [])
     if default and train and "provider/requests" in train[-1]:  # a run with [provider_rollouts]
         names += list(PROVIDER_SERIES)
     limit = max(1, min(limit, MAX_POINTS))
     page = train[cursor:cursor + limit]
     series = {n: [[r["step"], r[n]] for r in page if isinstance(r.get(n), (int, float))] for n in names}
     latest = {k: v for k, v in (train[-1] if train else {}).items() if isinstance(v, (int, float)) and "/" in k}
-    png = plot_run(train + evals, RunDir(rec.run_dir).file(REPORT_PNG), f"run {run_id}") if plot and train else None
-    return MetricsReport(run_id=run_id, state=rec.state.value, step=train[-1]["step"] if train else 0,
+    png = plot_run(train + evals, snap.rundir.file(REPORT_PNG), f"run {run_id}") if plot and train else None
+    return MetricsReport(run_id=run_id, state=snap.record.state.value, step=train[-1]["step"] if train else 0,
                          latest=latest, evals=[_eval_row(r) for r in evals[-50:]], trends=trends(train, evals),
                          series=series, cursor=cursor,
                          next_cursor=cursor + limit if cursor + limit < len(train) else None,
@@ -120,34 +119,25 @@ def _eval_row(r: dict) -> dict[str, float]:
     return {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}}
 
 
-def _last_per_step(recs: list[dict]) -> list[dict]:
-    """A resumed run redoes steps after its checkpoint: keep the newest record of each step, in order."""
-    by_step = {}
-    for r in recs:
-        by_step[r["step"]] = r
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def ablation_report(f: Files, ablation_id: str, *, threshold: float | None = None,
                     plot: bool = True) -> AblationReport:
     from vapo_engine.variants import VARIANTS
-    mgr, _ = manager_for(f)
-    runs = mgr.registry.list(group_id=ablation_id, limit=100)
+    views = views_for(f)
+    runs = views.list(group_id=ablation_id, limit=100)
     if not runs:
         raise ToolInputError(f"unknown ablation id {ablation_id!r}; ablate() returns one, and "
                              "list_runs(tag='abl-…') shows the runs of existing ablations")
-    latest: dict[str, object] = {}
-    for r in sorted(runs, key=lambda r: r.created):
-        latest[r.variant or r.run_id] = r  # a resumed variant replaces its earlier attempt
-    curves = {v: [(e["step"], e["eval/greedy_accuracy"]) for e in _last_per_step(
-        [x for x in RunDir(r.run_dir).metrics() if x.get("kind") == "eval"])
-        if isinstance(e.get("eval/greedy_accuracy"), (int, float))] for v, r in latest.items()}
+    latest: dict[str, RunSnapshot] = {}
+    for snap in sorted(runs, key=lambda s: s.record.created):
+        latest[snap.record.variant or snap.run_id] = snap  # a resumed variant replaces its earlier attempt
+    curves = {v: [(e["step"], e["eval/greedy_accuracy"]) for e in s.history.get("eval", [])
+                  if isinstance(e.get("eval/greedy_accuracy"), (int, float))] for v, s in latest.items()}
     full = curves.get("vapo") or []
     thr = threshold if threshold is not None else (max(a for _, a in full) * 0.9 if full else 0.5)
     full_final = full[-1][1] if full else None
     rows = []
-    for v, r in latest.items():
-        c = curves[v]
+    for v, snap in latest.items():
+        r, c = snap.record, curves[v]
         final = c[-1][1] if c and r.state.value == "succeeded" else None
         rows.append(AblationRow(variant=v, run_id=r.run_id, state=r.state.value, final_greedy_accuracy=final,
                                 delta_vs_full=None if final is None or full_final is None else final - full_final,
@@ -155,9 +145,10 @@ def ablation_report(f: Files, ablation_id: str, *, threshold: float | None = Non
                                 paper_aime=VARIANTS[v].paper_aime if v in VARIANTS else None))
     png = None
     if plot and any(curves.values()):
-        png = plot_curves(curves, mgr.root / f"{ablation_id}.png", f"ablation {ablation_id}")
+        png = plot_curves(curves, views.manager.root / f"{ablation_id}.png", f"ablation {ablation_id}")
     return AblationReport(ablation_id=ablation_id, threshold=thr, rows=rows, table_markdown=_table(rows, thr),
-                          plot_png=str(png) if png else None, done=all(r.state.terminal for r in latest.values()))
+                          plot_png=str(png) if png else None,
+                          done=all(s.record.state.terminal for s in latest.values()))
 
 
 def _table(rows: list[AblationRow], thr: float) -> str:

@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
-from vapo_engine.jobs import RunError, RunRecord
-from vapo_engine.metrics import latest
+from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
-from vapo_engine.rundir import CONFIG_JSON, METRICS, PROVIDER_JSON, RunDir
+from vapo_engine.rundir import CONFIG_JSON
 from vapo_engine.runs import create_run, freeze_paths
+from vapo_engine.sinks import sink_factories
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
@@ -81,29 +81,34 @@ class RunStatus(BaseModel):
     skipped: list[str] = Field(default_factory=list, description="run records the registry could not index")
 
 
-def _view(rec: RunRecord) -> RunView:
-    """The run's record with its progress: the last train and eval records, read from the end of
-    metrics.jsonl (`metrics.latest`; a full parse of a long run would cost every call half a second)."""
-    rd = RunDir(rec.run_dir)
-    last = latest(rd.file(METRICS))
-    total = (rd.config().get("training") or {}).get("total_steps")
-    last_eval = {k: float(v) for k, v in last.get("eval", {}).items()
-                 if k.startswith("eval/") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+def views_for(f: Files, *, tick: bool = False) -> RunViews:
+    """The read model of these files' runs (vapo_engine.jobs.views); `tick` first advances the queue (starts
+    queued runs that now have room, notices finished ones)."""
+    mgr, _ = manager_for(f)
+    if tick:
+        mgr.tick()
+    return RunViews(mgr)
+
+
+def _view(snap: RunSnapshot) -> RunView:
+    """The run as a tool result: its record with its progress and latest evaluation."""
+    rec = snap.record
     return RunView(run_id=rec.run_id, state=rec.state.value, message=rec.message, experiment=rec.experiment,
                    tags=list(rec.tags), run_dir=str(rec.run_dir), variant=rec.variant, group_id=rec.group_id,
-                   resumed_from=rec.resumed_from, step=last.get("train", {}).get("step", 0),
-                   total_steps=total if isinstance(total, int) else None, latest_eval=last_eval)
+                   resumed_from=rec.resumed_from, step=snap.step, total_steps=snap.total_steps,
+                   latest_eval=snap.latest_eval)
 
 
 def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainConfig:
-    """Validate config + preset + overrides, the datasets they name and the prompt format the model can take
-    (errors say what to fix), under the caller's policy (tools.access): a tool call may not move the
+    """Validate config + preset + overrides, the datasets they name, the metric sinks and the prompt format the
+    model can take (errors say what to fix), under the caller's policy (tools.access): a tool call may not move the
     rendezvous, a remote one may not name paths outside the allowed roots. Both are checked before any data
     file is opened."""
     policy = access.current()
     preset = access.preset_for(f, preset, policy)
     cfg = freeze_paths(load_config(f.config, overrides, preset=preset), f.config.resolve().parent)
     access.check_config(f, cfg, policy)
+    sink_factories(list(cfg.logging.sinks))  # an unknown metric sink: a UserError naming the known ones
     if why := peft_missing(cfg.lora):
         raise ToolInputError(why)
     if why := check_prompts(cfg.model).error:
@@ -146,8 +151,9 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
                       secrets=[channel.key])
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
-    return StartResult(run=_view(rec), poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
-                       f"report_metrics(run_id='{info.run_id}')",
+    return StartResult(run=_view(RunViews(mgr).of(rec)),
+                       poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
+                            f"report_metrics(run_id='{info.run_id}')",
                        warnings=[str(w) for w in warns if w.key != "api.api_key_env"])
 
 
@@ -176,53 +182,39 @@ def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = 
 
 def list_runs(f: Files, *, state: str | None = None, experiment: str | None = None, tag: str | None = None,
               limit: int = 20) -> RunList:
-    mgr, _ = manager_for(f)
-    mgr.tick()
-    return RunList(runs=[_view(r) for r in mgr.registry.list(state=state, experiment=experiment, tag=tag,
-                                                            limit=limit)], skipped=_skipped(mgr))
+    views = views_for(f, tick=True)
+    return RunList(runs=[_view(s) for s in views.list(state=state, experiment=experiment, tag=tag, limit=limit)],
+                   skipped=views.skipped())
 
 
 def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
-    mgr, _ = manager_for(f)
-    mgr.tick()
-    skipped = _skipped(mgr)
-    try:
-        rec = mgr.get(run_id)
-    except RunError as e:
-        mine = [s for s in skipped if run_id in s]
-        raise RunError(f"{e}; this id was skipped when the registry was rebuilt: {mine[0]}" if mine
-                       else str(e)) from None
+    views = views_for(f, tick=True)
+    snap = views.get(run_id)
     nxt = {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
            "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
                        f"stop_run('{run_id}') to stop after a checkpoint"],
            "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
            "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
-           "stopped": [f"resume_run('{run_id}') to continue"]}[rec.state.value]
-    down = (RunDir(rec.run_dir).read_json(PROVIDER_JSON) or {}).get("down")
-    if isinstance(down, dict):
+           "stopped": [f"resume_run('{run_id}') to continue"]}[snap.record.state.value]
+    down = snap.provider_down()
+    if down is not None:
         nxt = [*nxt, "fix the channel (provider_down says how), check_channel, then resume_run to use it again"]
     provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
-                if isinstance(down, dict) else None)
-    return RunStatus(run=_view(rec), log_tail=RunDir(rec.run_dir).log_tail(log_lines), provider_down=provider,
-                     next_steps=nxt, skipped=skipped)
-
-
-def _skipped(mgr) -> list[str]:
-    """What the last registry rebuild could not index (bounded)."""
-    return [f"{where}: {why}"[:600] for where, why in sorted(mgr.registry.skipped().items())][:20]
+                if down is not None else None)
+    return RunStatus(run=_view(snap), log_tail=snap.log_tail(log_lines), provider_down=provider,
+                     next_steps=nxt, skipped=views.skipped())
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
-    mgr, _ = manager_for(f)
-    return _view(mgr.stop(run_id, force=force))
+    views = views_for(f)
+    return _view(views.of(views.manager.stop(run_id, force=force)))
 
 
 def resume_run(f: Files, run_id: str) -> RunView:
     """Resume a run; its frozen config.json is checked like a new run's first (a run directory is data: a
     planted config may not move the rendezvous, nor — for a remote caller — name paths outside the roots)."""
-    mgr, _ = manager_for(f)
-    rec = mgr.get(run_id)
-    frozen = RunDir(rec.run_dir).read_json(CONFIG_JSON)
+    views = views_for(f)
+    frozen = views.get(run_id).rundir.read_json(CONFIG_JSON)
     if frozen is None:
         raise ToolInputError(f"run {run_id}'s config.json is missing or unreadable; it cannot be resumed: "
                              "start_training again")
@@ -233,4 +225,4 @@ def resume_run(f: Files, run_id: str) -> RunView:
                              f"{'.'.join(map(str, e.errors()[0]['loc']))}); it cannot be resumed: start_training "
                              "again") from None
     access.check_config(f, cfg)
-    return _view(mgr.resume(run_id))
+    return _view(views.of(views.manager.resume(run_id)))

@@ -1,5 +1,5 @@
 """Runs as configured objects: create a run directory with its frozen snapshots, load its identity and
-config back, find one by id. Torch-free. The directory's layout and file I/O belong to `vapo_engine.rundir`.
+config back. Torch-free. The directory's layout and file I/O belong to `vapo_engine.rundir`.
 """
 from __future__ import annotations
 
@@ -78,14 +78,6 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, TrainConfig]:
     config = TrainConfig.model_validate(json.loads((run_dir / CONFIG_JSON).read_text(encoding="utf-8")))
     info = RunInfo(meta["run_id"], run_dir, meta["experiment"], tuple(meta.get("tags", ())), int(meta["seed"]))
     return info, config
-
-
-def find_run(root: Path, run_id: str) -> Path | None:
-    """The directory of a run id under any experiment of `root` (None if absent)."""
-    if not run_id or "/" in run_id or run_id.startswith("."):
-        return None
-    hits = [p for p in root.glob(f"*/{run_id}") if (p / RUN_JSON).is_file()]
-    return hits[0] if hits else None
 
 
 def freeze_paths(config: TrainConfig, base_dir: str | Path) -> TrainConfig:

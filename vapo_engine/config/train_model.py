@@ -5,7 +5,7 @@ Cross-field rules raise `FieldProblem` so the loader can name the exact key and 
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, computed_field, model_validator
 
@@ -225,6 +225,33 @@ class ProviderRolloutsConfig(Section):
     """Longest answer requested; unset = model.max_tokens. Longer correct answers are not replayed (counted)."""
 
 
+SINK_NAME = r"^[a-z][a-z0-9_-]{0,39}$"
+"""What a metric sink's name looks like (vapo_engine/sinks)."""
+
+
+class LoggingConfig(Section):
+    """Where the run's metric records go: the metric sinks of vapo_engine/sinks, each receiving every record."""
+
+    sinks: list[Annotated[str, Field(pattern=SINK_NAME)]] = Field(
+        default_factory=lambda: ["jsonl", "tensorboard", "console"], max_length=16)
+    """Metric sinks, in order: "jsonl" (metrics.jsonl in the run directory, which list_runs, run_status,
+    report_metrics and the diagnostics read; always required), "tensorboard" (event files in tb/; skipped when
+    tensorboard is not installed), "console" (one progress line per record in the worker log, which
+    `vapo-mcp train` prints). A sink that code registers with vapo_engine.sinks.register_sink is named the same
+    way; an unknown name is refused with the list of known ones. From the command line:
+    --set 'logging.sinks=["jsonl","console"]'."""
+
+    @model_validator(mode="after")
+    def _check_sinks(self) -> LoggingConfig:
+        if "jsonl" not in self.sinks:
+            raise FieldProblem("logging.sinks", '"jsonl" is missing: metrics.jsonl is the run\'s record (the run '
+                               "tools, the diagnostics and report_metrics read it)", 'keep "jsonl" in the list, e.g. '
+                               'sinks = ["jsonl", "tensorboard", "console"]')
+        if len(set(self.sinks)) < len(self.sinks):
+            raise FieldProblem("logging.sinks", "a sink is named twice", "name each sink once")
+        return self
+
+
 class Decisions(Section):
     """The run's derived decisions: what each ablation switch and the algorithm choice amount to. The trainer,
     the config warnings, the diagnostics and the ablation all read these, never re-derive them."""
@@ -302,6 +329,8 @@ class TrainConfig(Section):
     """[provider_rollouts] API-channel samples as extra positives for the positive-example NLL."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """[lora] low-rank adapters instead of full fine-tuning (vapo_engine/config/lora_model.py)."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """[logging] where metric records go (metrics.jsonl, TensorBoard, the worker log)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

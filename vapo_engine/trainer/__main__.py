@@ -6,7 +6,8 @@ traceback), 1 a crash (traceback on stderr, which the run manager keeps in the r
 
 Rank 0 — the one process that writes the run directory — holds the directory's writer lock for its whole life
 (`RunDir.acquire_writer`), so no second trainer can write the same run, and the run manager can tell a live
-worker from a dead one even when the worker's supervisor is gone.
+worker from a dead one even when the worker's supervisor is gone. Rank 0 prints its messages and, through the
+`console` metric sink (config.toml's `logging.sinks`), one progress line per metrics record.
 """
 from __future__ import annotations
 
@@ -30,18 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _ask_stop)
     from vapo_engine.errors import UserError
     from vapo_engine.rundir import RunDir
-    from vapo_engine.runs import load_run
 
     from .loop import train
-    from .progress import print_record
     main_rank = os.environ.get("RANK", "0") == "0"
-    quiet = (lambda *a, **k: None)
     try:
         lock = RunDir(args.run_dir).acquire_writer() if main_rank else None  # noqa: F841 - held until exit
-        total = load_run(args.run_dir)[1].training.total_steps
         summary = train(args.run_dir, resume=args.resume, should_stop=lambda: stop["flag"],
-                        on_record=(lambda r: print_record(r, total)) if main_rank else quiet,
-                        log=(lambda m: print(m, flush=True)) if main_rank else quiet)
+                        log=(lambda m: print(m, flush=True)) if main_rank else (lambda m: None))
     except (UserError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -21,12 +21,12 @@ from vapo_engine.prompts import BUILTIN, PLAIN, PromptFormat, resolve_prompt_for
 from vapo_engine.prompts import describe as describe_prompts
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
+from vapo_engine.sinks import NullLogger, open_sinks
 from vapo_engine.tasks import get_task
 
 from .checkpoint import load_newest
 from .distributed import World, init_world
 from .fsdp import is_sharded, load_full_optimizer_state, shard_models
-from .logger import MetricsLogger, NullLogger
 from .lora import attach_adapters, describe, trainable
 from .memory import apply_memory_options
 from .models import ModelLoadError, Models, load_models, pick_autocast, pick_device, resolve_model_path
@@ -109,7 +109,7 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     if cfg.lora.enabled and world.is_main:
         log(describe(tr.models))
     _set_prompts(tr, base, log if world.is_main else (lambda m: None))
-    tr.logger = MetricsLogger(Path(run_dir)) if write and world.is_main else NullLogger()
+    tr.logger = open_sinks(run_dir, cfg, write=write and world.is_main, log=log)
     tr.provider = provider_samples(cfg, run_dir, tr.models.tokenizer, tr.task, is_main=write and world.is_main,
                                    log=log, prompt_format=tr.prompts)
     return tr

@@ -1,10 +1,25 @@
-"""One readable line per metrics record, for terminals and worker logs."""
+"""The `console` sink: one readable line per record, through the run's `log` (the worker's stdout, which the
+worker log keeps and `vapo-mcp train` follows)."""
 from __future__ import annotations
 
-import sys
+from .base import SinkContext, metric_items
+
+
+class ConsoleSink:
+    def __init__(self, ctx: SinkContext):
+        self._log = ctx.log
+        self._total = ctx.config.training.total_steps
+
+    def write(self, record: dict) -> None:
+        self._log(format_record(record, self._total))
+
+    def close(self) -> None:
+        pass
 
 
 def format_record(rec: dict, total_steps: int | None = None) -> str:
+    """The progress line of a record (a non-finite value, written as text in the record, prints as nan/inf)."""
+    rec = {**rec, **dict(metric_items(rec))}
     step = rec.get("step", 0)
     kind = rec.get("kind")
     if kind == "eval":
@@ -25,7 +40,3 @@ def format_record(rec: dict, total_steps: int | None = None) -> str:
             f"ev {rec.get('critic/explained_var', float('nan')):+.2f}  "
             f"ent {rec.get('actor/entropy', 0):.3f}  {rec.get('perf/step_time_s', 0):.2f}s/step  "
             f"{rec.get('rollout/tokens_per_s', 0):,.0f} tok/s")
-
-
-def print_record(rec: dict, total_steps: int | None = None) -> None:
-    print(format_record(rec, total_steps), file=sys.stdout, flush=True)
