@@ -4,22 +4,15 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from tools.plots import pyplot
+from tools.plots import save as save_png
+
 from .paired import budget_curve, value_at
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def save(fig, path: Path) -> None:
-    """Lay out, write (110 dpi) and close a figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
+    """Lay out, write at 110 dpi (the resolution of the committed plots) and close a figure."""
+    save_png(fig, path, dpi=110)
 
 
 def plot_curves(path: Path, groups: dict[str, list[list[dict]]], title: str,
@@ -31,10 +24,7 @@ def plot_curves(path: Path, groups: dict[str, list[list[dict]]], title: str,
         colors = plt.cm.tab20.colors if len(groups) > 10 else plt.cm.tab10.colors
         for i, (label, curves) in enumerate(groups.items()):
             _plot_group(ax, label, curves, key, colors[i % len(colors)])
-        ax.set_xlabel("policy steps")
-        ax.set_ylabel(f"held-out {key} accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label(ax, "policy steps", f"held-out {key} accuracy")
     fig.suptitle(title, fontsize=10)
     save(fig, path)
 
@@ -45,10 +35,23 @@ def _plot_group(ax, label: str, curves: list[list[dict]], key: str, color) -> No
     keep = [(s, r) for s, r in zip(steps, rows) if r]
     if not keep:
         return
-    xs = [s for s, _ in keep]
-    ax.plot(xs, [statistics.fmean(r) for _, r in keep], marker="o", ms=3, label=label, color=color)
-    if any(len(r) > 1 for _, r in keep):
-        ax.fill_between(xs, [min(r) for _, r in keep], [max(r) for _, r in keep], alpha=0.15, color=color)
+    rows = [r for _, r in keep]
+    mean_and_band(ax, [s for s, _ in keep], rows, label, color, ms=3, alpha=0.15, band=any(len(r) > 1 for r in rows))
+
+
+def mean_and_band(ax, xs: list, rows: list[list[float]], label: str, color, ms: float, alpha: float,
+                  band: bool = True) -> None:
+    """The mean of each row of values against `xs`, with the min–max band of the rows."""
+    ax.plot(xs, [statistics.fmean(r) for r in rows], marker="o", ms=ms, label=label, color=color)
+    if band:
+        ax.fill_between(xs, [min(r) for r in rows], [max(r) for r in rows], alpha=alpha, color=color)
+
+
+def _label(ax, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def plot_budget(path: Path, runs: list[dict], variants: list[str], key: str, budget: float, title: str) -> None:
@@ -62,13 +65,8 @@ def plot_budget(path: Path, runs: list[dict], variants: list[str], key: str, bud
         xs = sorted({x for c in curves for x, _ in c if x <= budget})
         if not xs:
             continue
-        ys = [[value_at(c, x) for c in curves] for x in xs]
-        ax.plot(xs, [statistics.fmean(y) for y in ys], marker="o", ms=2.5, label=v, color=colors[i % 10])
-        ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.12, color=colors[i % 10])
-    ax.set_xlabel("rollouts spent (value pretraining included)")
-    ax.set_ylabel(f"held-out {key} accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        mean_and_band(ax, xs, [[value_at(c, x) for c in curves] for x in xs], v, colors[i % 10], ms=2.5, alpha=0.12)
+    _label(ax, "rollouts spent (value pretraining included)", f"held-out {key} accuracy")
     ax.set_title(title, fontsize=9)
     save(fig, path)
 

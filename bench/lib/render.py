@@ -40,6 +40,11 @@ def machine(rec: dict) -> str:
             f"{rec['load_avg_start']} / {rec['load_avg_end']} ({rec['date_utc']}{commit})*")
 
 
+def section(lines: list[str], rec: dict, *notes: str) -> str:
+    """A record's section: its table lines, each note as a paragraph, and its provenance line last."""
+    return "\n".join([*lines, *(x for note in notes for x in ("", note)), "", machine(rec)])
+
+
 def _label(variant: str) -> str:
     from vapo_engine.variants import VARIANTS
     return VARIANTS[variant].description if variant in VARIANTS else variant
@@ -94,8 +99,7 @@ def ablation_paired(rec: dict) -> str:
     lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
                    f"run and shared critic, each in its own process, {c['jobs']} at a time on this machine; the "
                    "wall time below is the last invocation's, which may have taken finished runs from the cache).")]
-    lines += ["", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec)
 
 
 def _mean(xs: list) -> float | None:
@@ -246,8 +250,7 @@ def sample_efficiency(rec: dict) -> str:
             f"runs drew their prompts from named streams); held-out 200 problems evaluated every ~{c['eval_interval']} "
             f"steps; step-0 mean over runs: greedy {f(start.get('greedy'))}, sampled {f(start.get('sampled'))}; "
             f"— = not reached. {verdict}")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def _welch(d: dict | None) -> str:
@@ -272,8 +275,7 @@ def chain_lookup(rec: dict) -> str:
     policies = "; ".join(f"{chr(65 + i)}: `{r['policy']}`" for i, r in enumerate(res))
     note = (f"{rec['config']['per_length']} held-out problems per step count, reference solution fed "
             f"(teacher-forced); middle lines = all but the first and the last two. Policies — {policies}.")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def trl_side_by_side(rec: dict) -> str:
@@ -290,8 +292,7 @@ def trl_side_by_side(rec: dict) -> str:
             f"({c['opt_steps_per_rollout']} per rollout of {c['batch_size']}), eval every ~{c['eval_interval']} steps "
             f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, one run per side; TRL {v['trl']}, "
             f"accelerate {v['accelerate']}; — = not reached.")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def provider_samples(rec: dict) -> str:
@@ -316,7 +317,7 @@ def provider_samples(rec: dict) -> str:
             "Answers = provider requests answered (prompts sent × answers per prompt); positives added = correct "
             "answers that joined the replay buffer (what the positive-example NLL then draws from, not how often "
             "each was drawn).")
-    return "\n".join([*lines, "", note, "", machine(rec)])
+    return section(lines, rec, note)
 
 
 def _mib(x) -> str:
@@ -363,5 +364,4 @@ def memory(rec: dict) -> str:
         lines.append(f"| {name} | {' / '.join(str(v) for v in x['fsdp_persistent'].values())} | "
                      f"{x['fsdp_transient_up_to']} | {x['ddp_persistent']} | {x['ddp_transient_flat_grads']} | "
                      f"{x['autocast_bf16_weight_copies_up_to']} | {x['lora_frozen_fp32']} | {x['lora_if_bf16_base']} |")
-    lines += ["", rec["bf16_note"], "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, rec["bf16_note"])
