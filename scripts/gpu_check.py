@@ -21,7 +21,7 @@ poisoned CUDA context becomes one failed row and the other checks still run; thi
   model   with --model PATH: the short run on that local HF model (built-in addition task, 2 rollout steps of 32
           responses, ≤ 64 new tokens, micro-batches of 4): that it runs, step time, tokens/s, peak memory
 
-    python -m scripts.gpu_check                                        # on a GPU box; exit 0 = no check failed
+    python -m scripts.gpu_check                     # on a GPU box; exit 0 = no check failed
     python -m scripts.gpu_check --model /models/Qwen2.5-0.5B-Instruct --json gpu_check.json
     OMP_NUM_THREADS=1 .venv/bin/python -m scripts.gpu_check --device cpu   # every check on CPU / gloo
     .venv/bin/python -m scripts.gpu_check --device cpu --quick --tiny-model DIR   # env + parity only (the tests)

@@ -5,9 +5,11 @@ its overrides from vapo_engine.variants. The table is shaped like the paper's ab
 Qwen2.5-32B, ~5,000 steps); the paper's number is printed beside ours only for orientation — it is a
 different model, a different benchmark and a ~100x longer run, so the two columns are not comparable.
 
-    .venv/bin/python -m bench.experiments.ablation --reduced --reuse bench/results/sample_efficiency.json  # ~25 min
-    .venv/bin/python -m bench.experiments.ablation        # full: 600 steps x seeds 1,2,3 x 11 variants: ~6-8 h
+    .venv/bin/python -m bench.experiments.ablation --reduced --reuse bench/results/sample_efficiency.json
+    .venv/bin/python -m bench.experiments.ablation    # full: 600 steps x seeds 1,2,3 x 11 variants: ~6-8 h
     .venv/bin/python -m bench.experiments.ablation --smoke --out /tmp/x
+
+(`--reduced`: 200 steps, seed 1, ~25 min.)
 
 `--reuse bench/results/sample_efficiency.json` takes the vapo / ppo / grpo runs with the same steps, seed and
 eval interval from that record instead of training them again (the runs are identical configurations).

@@ -38,9 +38,9 @@ inside the first step of each rollout). Time to +N: training wall time without t
 pretraining, logging, data loading) up to the first evaluation with greedy accuracy ≥ step-0 accuracy + N points.
 One run per side, so timings carry the machine's load (the record has the load averages). Nothing here asserts.
 
-    .venv-trl/bin/python -m bench.experiments.trl_side_by_side                        # cpu-demo shapes, builtin:addition
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side                       # cpu-demo shapes, builtin:addition
     .venv-trl/bin/python -m bench.experiments.trl_side_by_side --task builtin:chain --preset <its preset>
-    .venv-trl/bin/python -m bench.experiments.trl_side_by_side --smoke --out /tmp/x   # seconds per side
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side --smoke --out /tmp/x  # seconds per side
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from the configs, on the meta device), at 1, 2 and 8 ranks: ddp does not divide 
 divides everything by it, lora keeps the frozen fp32 weights on every rank plus the adapter states (adapter
 count = r × (in + out) of every trunk linear, at the run's lora.r). The bf16-on-CUDA case is arithmetic only.
 
-    .venv/bin/python -m bench.perf.memory                 # ~2-3 min on 2 busy cores
+    .venv/bin/python -m bench.perf.memory    # ~2-3 min on 2 busy cores
     .venv/bin/python -m bench.perf.memory --smoke --out /tmp/x
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ Repeats are interleaved (fp32, bf16, fp32, bf16, ...: `--repeats` rounds over th
 so a change in the machine's load hits every setting alike; the record keeps every repeat, the tables show the
 median with the range, and the bf16/fp32 ratio is taken within each round.
 
-    .venv/bin/python -m bench.perf.throughput              # ~2-3 min on 2 idle cores
+    .venv/bin/python -m bench.perf.throughput    # ~2-3 min on 2 idle cores
     .venv/bin/python -m bench.perf.throughput --smoke --out /tmp/x
 """
 from __future__ import annotations
