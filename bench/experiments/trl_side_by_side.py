@@ -2,7 +2,7 @@
 
 One run each, one after the other in this process: TRL GRPO (`trl.GRPOTrainer`), our GRPO and our VAPO (the `grpo`
 and `vapo` variants of vapo_engine.variants, ordinary in-process runs as in bench/lib/runs.py). Needs the optional
-extra in its own venv (bench/README.md): `pip install -e '.[trl]'`; without it the script exits 2.
+extra in its own venv (pyproject.toml's `trl` extra): `pip install -e '.[trl]'`; without it the script exits 2.
 
 The same on all three sides:
 - model: the task's built-in tiny model directory (`builtin_model_dir(task=...)`), fp32, CPU, this process;

@@ -128,7 +128,7 @@ def pooled_explained_var(records: list[dict]) -> float | None:
 
 
 def train_stats(records: list[dict]) -> dict:
-    """Means over the training steps of the diagnostics the README discusses."""
+    """Means over the training steps of the run diagnostics the benchmarks report."""
     return {"mean_explained_var": _mean_of(records, "critic/explained_var"),
             "pooled_explained_var": pooled_explained_var(records),
             "pretrain_explained_var_last": _last(records, "critic/pretrain_explained_var", "pretrain"),
