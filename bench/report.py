@@ -1,14 +1,14 @@
 """docs/results.md and the README's results block, rendered from the committed records in bench/results.
 
-    .venv/bin/python bench/report.py             # print docs/results.md
-    .venv/bin/python bench/report.py --write     # write docs/results.md and the README's results block
-    .venv/bin/python bench/report.py --check     # exit 1 when either differs from what the records render, or a
+    .venv/bin/python -m bench.report             # print docs/results.md
+    .venv/bin/python -m bench.report --write     # write docs/results.md and the README's results block
+    .venv/bin/python -m bench.report --check     # exit 1 when either differs from what the records render, or a
                                                  # record lacks what makes it reproducible (the test suite runs it)
 
 Every number in docs/results.md and between the README's `results:begin` / `results:end` markers comes from a
-record (bench/render.py writes the prose from the same fields). A record is reproducible when its command is a
-script of bench/ run from the repository root, with no path outside the repository, and it keeps the machine,
-the date and the load average. Edit a renderer or re-run a benchmark, then `--write`; never edit the outputs.
+record (bench/lib/render.py writes the prose from the same fields). A record is reproducible when its command
+runs a module of bench (`python -m bench.…`) from the repository root, with no path outside the repository, and
+it keeps the machine, the date and the load average. Edit a renderer or re-run a benchmark, then `--write`; never edit the outputs.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import shlex
 import sys
 from pathlib import Path
 
-import render
+from bench.lib import render
+from bench.lib.records import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
 END = "<!-- results:end -->"
 
@@ -47,12 +47,11 @@ SECTIONS = (  # (record, title, renderer, what it answers)
     ("provider_samples", "Provider samples as extra positives", render.provider_samples,
      "A run with and without correct answers of an API model (here: a served checkpoint) in its replay buffer."),
 )
-SCRIPTS = ("bench/", )
 INTRO = """# Results
 
-Rendered by `bench/report.py` from the records in `bench/results/` (one JSON file per benchmark, with the command
-that produced it, the machine, the date, the load average and the commit); `bench/report.py --check` fails when
-this file or the README's results block differs from what the records render. Each section says what it
+Rendered by `python -m bench.report` from the records in `bench/results/` (one JSON file per benchmark, with the
+command that produced it, the machine, the date, the load average and the commit); `python -m bench.report --check`
+fails when this file or the README's results block differs from what the records render. Each section says what it
 answers, shows the table and plot, and ends with the record's own provenance line. Numbers are measurements of
 this project's built-in tiny models on CPU, not of the paper's 32B model on AIME.
 """
@@ -78,9 +77,9 @@ def render_headline(results: Path) -> str:
     """The README's results block: the paired ablation's verdict and its compact table, with a link."""
     rec = _load(results, "ablation_chain_paired")
     if rec is None:
-        return "No headline record yet: run `bench/ablation.py --budget …` (docs/results.md lists every record)."
+        return "No headline record yet: run `python -m bench.experiments.ablation --budget …` (docs/results.md lists every record)."
     c = rec["config"]
-    bench = next((o.split("=", 1)[1].strip('"') for o in c.get("extra_overrides", []) if o.startswith("eval.benchmark=")),
+    bench = next((o.split("=", 1)[1].strip('"') for o in c["extra_overrides"] if o.startswith("eval.benchmark=")),
                  "the preset's benchmark")
     lines = [(f"Preset `{c['preset']}`, {len(c['seeds'])} paired seeds, {c['budget_rollouts']} rollouts per row (value "
               f"pretraining included); primary metric: the area under the held-out {c['metric']} accuracy curve on "
@@ -106,9 +105,9 @@ def record_problems(results: Path) -> list[str]:
         rec = json.loads(path.read_text(encoding="utf-8"))
         name, cmd = path.name, rec.get("command") or ""
         argv = shlex.split(cmd) if cmd else []
-        if len(argv) < 2 or not argv[1].startswith(SCRIPTS) or not (REPO / argv[1]).is_file():
-            out.append(f"{name}: command {cmd!r} is not a bench/ script run from the repository root")
-        for a in argv[2:]:
+        if len(argv) < 3 or argv[1] != "-m" or not is_bench_module(argv[2]):
+            out.append(f"{name}: command {cmd!r} does not run a module of bench from the repository root")
+        for a in argv[3:]:
             for part in a.split(","):
                 v = part.split("=", 1)[-1]
                 if v.startswith(("/", "~")) or ".." in Path(v).parts:
@@ -119,6 +118,12 @@ def record_problems(results: Path) -> list[str]:
         if (rec.get("config") or {}).get("smoke"):
             out.append(f"{name}: a --smoke record")
     return out
+
+
+def is_bench_module(name: str) -> bool:
+    """`bench.<…>` naming a module file of this repository's bench package."""
+    parts = name.split(".")
+    return parts[0] == "bench" and len(parts) > 1 and (REPO.joinpath(*parts[:-1]) / f"{parts[-1]}.py").is_file()
 
 
 def readme_block(readme: str) -> str | None:
@@ -180,7 +185,7 @@ def main(argv=None) -> int:
         for line in problems:
             print(f"report --check: {line}", file=sys.stderr)
         if problems:
-            print("fix: re-run the benchmark or the renderer, then `.venv/bin/python bench/report.py --write`",
+            print("fix: re-run the benchmark or the renderer, then `.venv/bin/python -m bench.report --write`",
                   file=sys.stderr)
             return 1
         print("report --check: docs/results.md and the README's results block match the records")

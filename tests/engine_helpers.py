@@ -24,8 +24,8 @@ def make_run(tmp_path: Path, model_dir: Path, extra: list[str] = (), name: str =
 
 
 def random_value_dir(folder: Path, model_dir: Path) -> Path:
-    """`bench.common.random_head_value_dir` of `model_dir`, made once in `folder`: a value model whose non-zero
+    """`bench.lib.runs.random_head_value_dir` of `model_dir`, made once in `folder`: a value model whose non-zero
     head makes every gradient of a step non-zero (parity tests that compare zeros with zeros prove nothing)."""
-    from bench.common import random_head_value_dir
+    from bench.lib.runs import random_head_value_dir
     out = Path(folder) / "value-random-head"
     return out if (out / "config.json").is_file() else random_head_value_dir(model_dir, out)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
-from bench.common import ParityReward
+from bench.lib.runs import ParityReward
 
 
 def main(run_dir: str, out: str) -> None:

@@ -1,7 +1,9 @@
-"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (SPEC §3)."""
+"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (SPEC §3).
+Reward placement and value alignment are the rollout's own (`vapo_engine.rollout.experience`)."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,9 +15,8 @@ from vapo_engine.algo import (
     grpo_advantages,
     lambda_from_lengths,
     length_adaptive_lambda,
-    terminal_token_rewards,
-    values_for_response,
 )
+from vapo_engine.rollout.experience import from_token_ids, place_rewards, response_values
 
 # SPEC §3 reference row (γ = 1): reward on the last valid token, two pads with junk values.
 R = [0, 0, 0, 0, 1, 0, 0]
@@ -99,8 +100,8 @@ def test_reward_on_first_pad_is_ignored_eos_plus_one_pitfall():
     adv, _ = compute_gae(r_eos1, _row(V), _row(M), lam=1.0)
     adv0, _ = compute_gae(torch.zeros(1, 7, dtype=torch.float64), _row(V), _row(M), lam=1.0)
     assert torch.equal(adv, adv0)
-    placed = terminal_token_rewards(torch.tensor([1.0], dtype=torch.float64), _row(M))
-    assert torch.equal(placed, _row(R))
+    placed = place_rewards(torch.tensor([1.0]), _row(M, torch.float32))
+    assert torch.equal(placed, _row(R, torch.float32))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -204,19 +205,20 @@ def test_length_adaptive_lambda_rejects_left_padded_attention_mask():
     check_right_padded(torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]]))
 
 
-def test_terminal_rewards_on_last_valid_token_ragged():
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
-    out = terminal_token_rewards(torch.tensor([1.0, 2.0, 3.0, 4.0]), mask)
+def test_rewards_placed_on_last_valid_token_ragged():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    out = place_rewards(torch.tensor([1.0, 2.0, 3.0, 4.0]), mask)
     expected = torch.tensor([[0, 0, 1, 0], [2, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 4]], dtype=torch.float32)
     assert torch.equal(out, expected)
 
 
-def test_values_for_response_reads_the_position_before_each_token():
-    full = torch.arange(10, dtype=torch.float32).expand(2, 10)  # value = its position in the sequence
-    aligned = values_for_response(full, 4)  # response tokens at positions 6..9
-    assert torch.equal(aligned, torch.tensor([[5.0, 6.0, 7.0, 8.0]] * 2))
-    with pytest.raises(ValueError):
-        values_for_response(full, 10)
+def test_response_values_read_the_position_before_each_token():
+    def position_values(input_ids, **_):  # a value model whose value is the position in the padded sequence
+        n, length = input_ids.shape
+        return SimpleNamespace(logits=torch.arange(length, dtype=torch.float32).expand(n, length)[..., None])
+    ro = from_token_ids([([5, 6, 7], [8, 9, 10, 11]), ([12], [13, 14])], pad_id=0, device="cpu")
+    assert ro.prompt_len == 3  # response tokens at positions 3..6 of the 7-position sequence
+    assert torch.equal(response_values(position_values, ro), torch.tensor([[2.0, 3.0, 4.0, 5.0]] * 2))
 
 
 def test_grpo_group_normalised_advantages():

@@ -1,4 +1,4 @@
-"""Each bench script's --smoke mode runs end to end and writes a valid JSON record, a PNG, and report.py
+"""Each benchmark module's --smoke mode runs end to end and writes a valid JSON record, a PNG, and bench.report
 renders the records (a few tiny runs of the built-in model; skipped when that model is not cached yet,
 since building it takes minutes — `bash scripts/demo.sh` or any training run builds it)."""
 from __future__ import annotations
@@ -20,14 +20,16 @@ def _cached() -> bool:
 
 pytestmark = pytest.mark.skipif(not _cached(), reason="built-in tiny model not cached (first build takes minutes)")
 
-SMOKES = {"throughput": ["--dtypes", "float32"],
-          "sample_efficiency": ["--algos", "vapo,grpo"],
-          "ablation": ["--variants", "vapo,no_positive_lm", "--jobs", "2"],
-          "ablation_paired": ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft", "--jobs", "2"],
-          "concurrency": [],
-          "critic": ["--preset", "cpu-demo"],
-          "provider_samples": [],
-          "memory": []}
+ABLATION = "bench.experiments.ablation"
+SMOKES = {  # record name: (module, its arguments besides --smoke --out)
+    "throughput": ("bench.perf.throughput", ["--dtypes", "float32"]),
+    "sample_efficiency": (ABLATION, ["--sample-efficiency", "--variants", "vapo,grpo"]),
+    "ablation": (ABLATION, ["--variants", "vapo,no_positive_lm", "--jobs", "2"]),
+    "ablation_paired": (ABLATION, ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft", "--jobs", "2"]),
+    "concurrency": ("bench.perf.concurrency", []),
+    "critic": ("bench.experiments.critic", ["--preset", "cpu-demo"]),
+    "provider_samples": ("bench.experiments.provider_samples", []),
+    "memory": ("bench.perf.memory", [])}
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +38,15 @@ def out(tmp_path_factory) -> Path:
 
 
 def smoke(out: Path, name: str) -> dict:
-    """Run one bench script's --smoke into `out` (once per module; each test that needs it pays for it inside
+    """Run one benchmark's --smoke into `out` (once per module; each test that needs it pays for it inside
     its own timeout) and return its record."""
     record = out / f"{name}.json"
     if not record.is_file():
-        script = name.removesuffix("_paired")
-        r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--smoke", "--out", str(out),
-                            *SMOKES[name], *(["--critic-dir", str(out / "critics")] if name == "ablation_paired" else [])],
+        module, args = SMOKES[name]
+        r = subprocess.run([sys.executable, "-m", module, "--smoke", "--out", str(out), *args,
+                            *(["--critic-dir", str(out / "critics")] if name == "ablation_paired" else [])],
                            check=False, cwd=ROOT, timeout=300, capture_output=True, text=True)
-        assert r.returncode == 0, f"bench/{script}.py --smoke failed:\n{r.stderr[-3000:]}"
+        assert r.returncode == 0, f"{module} {' '.join(args)} --smoke failed:\n{r.stderr[-3000:]}"
     return json.loads(record.read_text())
 
 
@@ -54,13 +56,12 @@ def test_smoke_writes_record_and_plot(out: Path, name: str):
     assert rec["benchmark"] == name
     assert rec["config"].get("smoke") is True or rec["config"].get("mode") == "smoke"
     assert rec["machine"]["cpu_model"] and rec["machine"]["torch"]
-    assert "--smoke" in rec["command"]
+    assert rec["command"].startswith(f".venv/bin/python -m {SMOKES[name][0]} --smoke")
     assert (out / f"{name}.png").stat().st_size > 1000
 
 
 def test_report_renders_tables_from_the_records(out: Path, tmp_path: Path):
-    sys.path.insert(0, str(ROOT / "bench"))
-    import report
+    from bench import report
     for name in SMOKES:
         smoke(out, name)
     for f in out.glob("*.*"):  # the smoke's paired record stands in for the headline one
@@ -85,7 +86,7 @@ def test_paired_smoke_shares_one_critic_and_counts_its_rollouts(out: Path):
 
 
 def test_memory_counts_shards_and_frozen_weights(out: Path):
-    """bench/memory.py: fp32 AdamW full fine-tuning holds 16 B per parameter on each ddp rank and half of that
+    """bench.perf.memory: fp32 AdamW full fine-tuning holds 16 B per parameter on each ddp rank and half of that
     on each of 2 fsdp ranks (same total); LoRA's frozen weights cost 4 B per parameter, its adapters 16."""
     rec = smoke(out, "memory")
     assert all(run["ok"] for run in rec["runs"].values()), rec["runs"]

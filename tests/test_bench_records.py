@@ -1,24 +1,20 @@
 """Bench record plumbing that needs no model: which earlier runs an ablation may reuse, Welch's interval, the
-paired design's area / Holm correction / exact t, and `bench/report.py --check` (committed results equal what
+paired design's area / Holm correction / exact t, and `python -m bench.report --check` (committed results equal what
 the records render; a planted number or an unreproducible record fails)."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import ablation
-import paired
-import render
-import report
-import stats
-from stats import welch_ci
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench import report
+from bench.experiments import ablation
+from bench.lib import paired, render, stats
+from bench.lib.stats import welch_ci
+from tests.conftest import ROOT
 
 
 def _run(variant: str, seed: int, greedy: float, long: float) -> dict:
@@ -134,7 +130,23 @@ def test_check_names_records_that_cannot_be_reproduced(tmp_path: Path):
     problems = report.record_problems(root / "bench" / "results")
     assert problems == ["sample_efficiency.json: command names a path outside the repository ('/tmp/x')"]
     path.write_text(json.dumps({**rec, "command": "python /home/me/sweep.py"}))
-    assert "is not a bench/ script" in report.record_problems(root / "bench" / "results")[0]
+    assert "does not run a module of bench" in report.record_problems(root / "bench" / "results")[0]
+    path.write_text(json.dumps({**rec, "command": ".venv/bin/python -m bench.sample_efficiency --steps 200"}))
+    assert "does not run a module of bench" in report.record_problems(root / "bench" / "results")[0]
+
+
+def test_sample_efficiency_record_is_an_ablation_option():
+    """The committed sample-efficiency record: its command plans the runs its config names, and the ablation's
+    summary of its runs is the summary it holds."""
+    rec = json.loads((ROOT / "bench" / "results" / "sample_efficiency.json").read_text())
+    argv, c = shlex.split(rec["command"]), rec["config"]
+    assert argv[1:3] == ["-m", "bench.experiments.ablation"]
+    args = ablation.parse_args(argv[3:])
+    steps, seeds, every, extra = ablation.plan(args)
+    assert args.sample_efficiency and (steps, seeds, every, list(extra)) == (c["steps"], c["seeds"],
+                                                                             c["eval_interval"], c["extra_overrides"])
+    assert args.variants.split(",") == c["algos"] and args.target == c["target_greedy"] and args.preset == c["preset"]
+    assert ablation.summarize_algorithms(rec["runs"], c["algos"], c["target_greedy"]) == rec["summary"]
 
 
 def test_critic_ceiling_removes_the_monte_carlo_noise():
@@ -142,7 +154,7 @@ def test_critic_ceiling_removes_the_monte_carlo_noise():
     is below the true value function's (Var V / Var R); the ceiling adds the noise back and lands on it."""
     import random
 
-    import critic
+    from bench.experiments import critic
     rng = random.Random(0)
     v = [rng.choice([0.1, 0.3, 0.6, 0.9]) for _ in range(20000)]
     ret = [float(rng.random() < x) for x in v]

@@ -1,17 +1,13 @@
-"""bench/chain_lookup.py: the positions it reads are the signs and digits of each line, and its smoke run writes a
-record with one probability per line for every prompt length (a tiny random model, seconds)."""
+"""bench.experiments.chain_lookup: the positions it reads are the signs and digits of each line, and its smoke
+run writes a record with one probability per line for every prompt length (a tiny random model, seconds)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from chain_lookup import sign_position
-
+from bench.experiments.chain_lookup import sign_position
+from tests.conftest import ROOT
 from vapo_engine.builtin_model.model import build_tokenizer
 from vapo_engine.tasks.chain import ChainTask
 
@@ -28,7 +24,7 @@ def test_sign_position_points_at_each_lines_operation():
 
 
 def test_smoke_record_has_a_probability_per_line(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "bench" / "chain_lookup.py"), "--smoke", "--out", str(tmp_path)],
+    subprocess.run([sys.executable, "-m", "bench.experiments.chain_lookup", "--smoke", "--out", str(tmp_path)],
                    check=True, cwd=ROOT, timeout=300, capture_output=True)
     rec = json.loads((tmp_path / "chain_lookup.json").read_text())
     assert rec["benchmark"] == "chain_lookup" and rec["config"]["smoke"] is True

@@ -68,13 +68,13 @@ def test_planted_pickle_is_never_executed(trained, tmp_path):
     for name in ("trainer_state.json", "trainer_state.safetensors"):
         (old / name).unlink()
     torch.save({"step": 2, "opt_actor": _Planted(marker)}, old / "trainer_state.pt")
-    (old / "DONE").write_text("2")  # a legacy marker: no manifest to contradict the plant
+    (old / "DONE").write_text("2")  # an old-format marker, no manifest: refused before anything is loaded
     (ckpt / "trainer_state.json").unlink()  # force the loader down to the old checkpoint
     r = _resume(trained)
     assert not marker.exists(), "unpickling the planted trainer_state.pt ran code"
     assert r.returncode == 2, r.stderr[-2000:]
     assert "step-0000004 (trainer_state.json is missing)" in r.stderr
-    assert "step-0000002 (cannot be loaded: UnpicklingError" in r.stderr
+    assert "step-0000002 (the DONE manifest is damaged (no file table))" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -125,7 +125,9 @@ def test_garbage_manifests_and_headers_are_reported_never_raised(tmp_path):
     (folder / "policy" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     (folder / "policy" / "config.json").write_text("{}")
     (folder / "trainer_state.json").write_text("{}")
-    (folder / "DONE").write_text("1")
+    (folder / "DONE").write_text("1")  # no manifest (an old-format marker): refused
+    assert verify_checkpoint(folder) == "the DONE manifest is damaged (no file table)"
+    (folder / "DONE").write_text(json.dumps({"step": 1, "files": {}}))
     assert "unreadable" in verify_checkpoint(folder)
 
 

@@ -1,4 +1,4 @@
-"""The training rules on real runs of builtin:chain (bench/diagnose_runs.py recorded them into tests/data): each
+"""The training rules on real runs of builtin:chain (scripts/record_chain_runs.py recorded them into tests/data): each
 rule fires on the run that has its symptom, and none of them fires on the healthy run."""
 from __future__ import annotations
 

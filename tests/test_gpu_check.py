@@ -1,4 +1,4 @@
-"""bench/gpu_check.py: skips cleanly without CUDA, and its quick CPU mode (environment row + the 2-process gloo
+"""scripts/gpu_check.py: skips cleanly without CUDA, and its quick CPU mode (environment row + the 2-process gloo
 parity of ddp and fsdp against one process, on the tiny random model) passes and prints one table and a JSON
 record; its judging helpers on hand-made inputs (no processes)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import ROOT
 
-SCRIPT = str(ROOT / "bench" / "gpu_check.py")
+SCRIPT = ["-m", "scripts.gpu_check"]
 
 
 def _env(**extra) -> dict:
@@ -20,13 +20,12 @@ def _env(**extra) -> dict:
 
 
 def _gpu_check():
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_check
+    from scripts import gpu_check
     return gpu_check
 
 
 def test_without_cuda_it_skips_and_exits_zero():
-    r = subprocess.run([sys.executable, SCRIPT], env=_env(CUDA_VISIBLE_DEVICES=""), cwd=ROOT, timeout=120, check=False,
+    r = subprocess.run([sys.executable, *SCRIPT], env=_env(CUDA_VISIBLE_DEVICES=""), cwd=ROOT, timeout=120, check=False,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == ("no CUDA device: GPU self-check skipped (run with --device cpu to exercise the "
@@ -35,7 +34,7 @@ def test_without_cuda_it_skips_and_exits_zero():
 
 def test_quick_cpu_run_passes_and_prints_the_table(tmp_path, model_dir):
     out = tmp_path / "gpu_check.json"
-    r = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--tiny-model", str(model_dir),
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--quick", "--tiny-model", str(model_dir),
                         "--json", str(out), "--log", str(tmp_path / "gpu_check.log")],
                        env=_env(), cwd=ROOT, timeout=600, check=False, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -199,3 +199,11 @@ def test_down_kind_table(exc, kind):
 def test_bad_policies_say_how_to_fix(kw):
     with pytest.raises(ValueError, match="must"):
         ConcurrencyPolicy(**kw)
+
+
+def test_percentile_is_nearest_rank():
+    """The one percentile of the project (pool latencies and the channel evaluation's latency_ms)."""
+    from vapo_engine.providers.pool import percentile
+    xs = [7.0, 1.0, 3.0, 9.0, 5.0, 2.0, 10.0, 4.0, 8.0, 6.0]
+    assert (percentile(xs, 0.5), percentile(xs, 0.95), percentile(xs, 0.0), percentile(xs, 1.0)) == (5.0, 10.0, 1.0, 10.0)
+    assert percentile([3.0], 0.95) == 3.0 and percentile([], 0.5) is None

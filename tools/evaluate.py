@@ -20,7 +20,6 @@ Remote (HTTP) callers may only name JSONL files and model folders inside the all
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -36,6 +35,7 @@ from vapo_engine.config import ConfigError, load_config, load_settings
 from vapo_engine.errors import UserError
 from vapo_engine.metrics import accuracies
 from vapo_engine.providers import safe_text
+from vapo_engine.providers.pool import percentile
 from vapo_engine.runs import freeze_paths, load_run
 from vapo_engine.serving.source import ModelSource, resolve_source
 from vapo_engine.tasks import TaskError, get_task
@@ -99,12 +99,6 @@ class EvalPlan:
     """model.prompt_format of the settings (the local backend's prompts; vapo_engine.prompts)."""
     system_prompt: str | None = None
     """model.system_prompt of the settings (None = the task's format instruction)."""
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1) of a non-empty list."""
-    s = sorted(xs)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 # --- planning ---------------------------------------------------------------------------------------------
@@ -322,4 +316,4 @@ def evaluate_sync(*args, **kw) -> EvalReport:
 
 
 __all__ = ["EvalPlan", "EvalReport", "Failures", "accuracies", "channel_report", "evaluate", "evaluate_sync",
-           "make_plan", "percentile", "summarise"]
+           "make_plan", "summarise"]

@@ -252,7 +252,7 @@ def _verify(folder: Path) -> str | None:
     except (OSError, ValueError, RecursionError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        return _verify_legacy(folder)
+        return "the DONE manifest is damaged (no file table)"
     for rel, entry in manifest["files"].items():
         if not isinstance(entry, dict) or ".." in Path(rel).parts or Path(rel).is_absolute():
             return f"the DONE manifest is damaged (entry {rel!r})"
@@ -264,16 +264,6 @@ def _verify(folder: Path) -> str | None:
             return f"{rel} has {size} bytes, {entry.get('size')} were written"
         if "sha256" in entry and _sha256(p) != entry["sha256"]:
             return f"{rel} was altered after it was written (checksum differs)"
-    return _verify_structure(folder)
-
-
-def _verify_legacy(folder: Path) -> str | None:
-    """Checkpoints written before manifests existed: the parts must be there and structurally whole."""
-    for rel in ("policy/config.json",):
-        if not (folder / rel).is_file():
-            return f"{rel} is missing"
-    if not any((folder / n).is_file() for n in ("trainer_state.json", "trainer_state.pt")):
-        return "trainer_state is missing"
     return _verify_structure(folder)
 
 

@@ -1,7 +1,7 @@
 """The mathematics of VAPO and its baselines as pure torch functions (no config, no I/O, no transformers).
 
 - :mod:`.stats` — masked sum/mean/variance/whiten, all-reducible moments, explained variance.
-- :mod:`.advantages` — GAE, Decoupled-GAE, Length-Adaptive λ, terminal rewards, GRPO advantages.
+- :mod:`.advantages` — GAE, Decoupled-GAE, Length-Adaptive λ, GRPO advantages.
 - :mod:`.losses` — loss aggregation (token-level / sample-level, global counts), Clip-Higher policy loss,
   value loss, positive-example NLL, KL penalties.
 - :mod:`.logits` — token log-probs and entropies from logits.
@@ -17,8 +17,6 @@ from .advantages import (
     grpo_advantages,
     lambda_from_lengths,
     length_adaptive_lambda,
-    terminal_token_rewards,
-    values_for_response,
 )
 from .logits import entropy_from_logits, log_probs_from_logits
 from .losses import (
@@ -92,7 +90,5 @@ __all__ = [
     "policy_loss_clip_higher",
     "policy_loss_ppo_clip",
     "positive_nll_loss",
-    "terminal_token_rewards",
     "value_loss",
-    "values_for_response",
 ]

@@ -3,9 +3,9 @@
 Conventions (all tensors response-aligned and right-padded, shape (B, T)):
 - ``mask[:, t]`` is 1 for a generated response token, 0 for padding (bool or float).
 - ``values[:, t]`` = V(s_t), the critic's value of the state *before* response token t, i.e. the value head
-  output at the previous position of the full sequence (see :func:`values_for_response`).
+  output at the previous position of the full sequence (``vapo_engine.rollout.experience.response_values``).
 - ``token_rewards[:, t]`` is the reward for emitting token t; an outcome reward sits on the **last valid**
-  token (see :func:`terminal_token_rewards`), never on the first pad after it.
+  token (``vapo_engine.rollout.experience.place_rewards``), never on the first pad after it.
 
 GAE recursion (reverse over t, valid positions only; masked positions carry both accumulators forward):
     δ_t = r_t + γ·V_next − V_t,   A_t = δ_t + γ·λ·A_next,   V_next = A_next = 0 after the last valid token.
@@ -153,37 +153,6 @@ def lambda_from_lengths(lengths: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
     raw = 1.0 - 1.0 / torch.where(clamped, torch.ones_like(scaled), scaled)
     lam = torch.where(clamped, torch.zeros_like(raw), raw.clamp(0.0, 1.0))
     return lam.to(torch.float32), clamped
-
-
-def terminal_token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
-    """Place one outcome score per sequence on its last valid response token.
-
-    Shapes: scores (B,), mask (B, T) -> token_rewards (B, T) float32 (float64 if scores are), zeros
-    elsewhere; a row without valid tokens gets no reward.
-    Implements: r_t = R(o_i) at t = |o_i| − 1, else 0 (sparse outcome reward; not on EOS + 1).
-    """
-    m = as_bool_mask(mask)
-    dtype = torch.promote_types(scores.dtype, torch.float32)
-    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
-    last = torch.where(m, positions, torch.full_like(positions, -1)).max(dim=1).values
-    out = torch.zeros(m.shape, dtype=dtype, device=m.device)
-    rows = (last >= 0).nonzero().flatten()
-    out[rows, last[rows]] = scores.to(dtype)[rows]
-    return out
-
-
-def values_for_response(full_values: Tensor, response_length: int) -> Tensor:
-    """Align value-head outputs of the full sequence (prompt + response) with the response tokens.
-
-    Shapes: full_values (B, L) with the response occupying the last ``response_length`` positions
-    -> (B, response_length) = full_values[:, -T-1:-1].
-    Implements: V(s_t) for action a_t is read at the position *before* token t (avoids the value
-    off-by-one).
-    """
-    t = int(response_length)
-    if t < 1 or full_values.shape[-1] < t + 1:
-        raise ValueError(f"need at least response_length + 1 = {t + 1} positions, got {full_values.shape[-1]}")
-    return full_values[:, -t - 1:-1]
 
 
 def grpo_advantages(

@@ -104,7 +104,7 @@ RECIPES: dict[str, BuildRecipe] = {
 
 - `builtin:chain@v1`: mostly short chains until short ones are solved (≥ 95% greedy), then the RL distribution
   until long chains reach 10% greedy. Its long end fails on a skill (reading a sign from far back in a long
-  prompt, bench/chain_lookup.py) that 160 RL steps did not teach while 200 supervised steps did.
+  prompt, bench/experiments/chain_lookup.py) that 160 RL steps did not teach while 200 supervised steps did.
 - `builtin:chain` (v3, the default chain model): v1 continued on the RL distribution with a *noisy* teacher
   (`teacher.NoisyTeacher`, p = 0.1: each line's sign copied wrong with probability 0.1) until the greedy answer to
   long chains is right (≥ 85% on the validation draw). Its deficit is deliberate and stated: the right sign is

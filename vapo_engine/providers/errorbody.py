@@ -169,11 +169,6 @@ def is_model_not_found(info: ErrorInfo | None, text: str = "", model: str | None
     return bool(model and info and info.shape != "html" and model in hay and not _ROUTE_404.search(hay))
 
 
-def is_route_not_found(info: ErrorInfo | None, text: str = "") -> bool:
-    """A 404 that says nothing about a model: the URL path is wrong."""
-    return not is_model_not_found(info, text)
-
-
 def is_quota_exhausted(info: ErrorInfo | None, text: str = "") -> bool:
     hay = " ".join(filter(None, [info.message if info else "", info.code if info else "",
                                  info.type if info else "", text]))

@@ -191,7 +191,8 @@ class Attempt:
     usage: dict[str, Any] | None = None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1) of `values`; None when there are none."""
     if not values:
         return None
     ordered = sorted(values)
@@ -389,6 +390,6 @@ class ConcurrencyController:
                 concurrency=self._limit, concurrency_max=self.policy.ceiling, concurrency_low=self._low,
                 decreases=c.decreases, increases=c.increases, in_flight=self._in_flight,
                 in_flight_peak=c.in_flight_peak, last_retry_after_s=c.last_retry_after,
-                paused_s=max(0.0, self._paused_until - self._clock()), latency_p50_s=_percentile(lat, 0.5),
-                latency_p95_s=_percentile(lat, 0.95), prompt_tokens=c.prompt_tokens,
+                paused_s=max(0.0, self._paused_until - self._clock()), latency_p50_s=percentile(lat, 0.5),
+                latency_p95_s=percentile(lat, 0.95), prompt_tokens=c.prompt_tokens,
                 completion_tokens=c.completion_tokens, down=self._down)

@@ -1,7 +1,7 @@
 """GPU self-check (issue 14 item 6): does this machine train? One printed table, one row per check, for the first
 machine with a GPU; `--device cpu` runs the same checks on the CPU (gloo), which is how the script is tested.
 
-Each check runs its engine job in a child process (bench/_gpu_step.py), so an error, an out-of-memory or a
+Each check runs its engine job in a child process (scripts/gpu_step.py), so an error, an out-of-memory or a
 poisoned CUDA context becomes one failed row and the other checks still run; this process never touches CUDA.
   env     torch / transformers / CUDA versions, devices, bf16 support, nccl available, one bf16 matmul on the GPU
   run     a short `vapo-mcp train`-equivalent run on the tiny model (config.toml + cpu-demo + 8 policy steps =
@@ -21,10 +21,10 @@ poisoned CUDA context becomes one failed row and the other checks still run; thi
   model   with --model PATH: the short run on that local HF model (built-in addition task, 2 rollout steps of 32
           responses, ≤ 64 new tokens, micro-batches of 4): that it runs, step time, tokens/s, peak memory
 
-    python bench/gpu_check.py                                        # on a GPU box; exit 0 = no check failed
-    python bench/gpu_check.py --model /models/Qwen2.5-0.5B-Instruct --json gpu_check.json
-    OMP_NUM_THREADS=1 .venv/bin/python bench/gpu_check.py --device cpu   # every check on CPU / gloo
-    .venv/bin/python bench/gpu_check.py --device cpu --quick --tiny-model DIR   # env + parity only (the tests)
+    python -m scripts.gpu_check                     # on a GPU box; exit 0 = no check failed
+    python -m scripts.gpu_check --model /models/Qwen2.5-0.5B-Instruct --json gpu_check.json
+    OMP_NUM_THREADS=1 .venv/bin/python -m scripts.gpu_check --device cpu   # every check on CPU / gloo
+    .venv/bin/python -m scripts.gpu_check --device cpu --quick --tiny-model DIR   # env + parity only (the tests)
 
 Without CUDA (and without --device cpu) it prints one line and exits 0; exit 1 when a check failed. Peak memory
 is torch.cuda.max_memory_allocated on CUDA and the process's peak RSS on CPU. Run directories live in a
@@ -47,11 +47,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
 import torch
 
-STEP = Path(__file__).resolve().parent / "_gpu_step.py"
+from bench.lib import records
+from bench.lib.runs import PRESET, load_bench_config, settings_with_seed
+
+STEP = "scripts.gpu_step"  # the child's module, run from the repository root
 SKIPPED = "no CUDA device: GPU self-check skipped (run with --device cpu to exercise the checks on CPU/gloo)"
 CHECKS = ("env", "run", "bf16", "parity", "model")
 QUICK = ("env", "parity")
@@ -134,21 +135,21 @@ def selected(args) -> tuple[str, ...]:
 def make_run(ctx: Ctx, name: str, overrides: tuple[str, ...]) -> Path:
     """A run directory like `vapo-mcp train --preset cpu-demo --set …` makes (config.toml + preset + overrides)."""
     from vapo_engine.runs import create_run
-    config, over = common.load_bench_config("vapo", overrides)
-    return create_run(config, common.settings_with_seed(1), ctx.work / "runs", run_id=name, overrides=over,
-                      preset=common.PRESET).run_dir
+    config, over = load_bench_config("vapo", overrides)
+    return create_run(config, settings_with_seed(1), ctx.work / "runs", run_id=name, overrides=over,
+                      preset=PRESET).run_dir
 
 
 def child(ctx: Ctx, name: str, mode: str, arg: str, procs: int = 1, out: Path | None = None) -> Path:
-    """Run one bench/_gpu_step.py job (under torchrun with 2 processes when asked); its output goes to the log.
+    """Run one scripts/gpu_step.py job (under torchrun with 2 processes when asked); its output goes to the log.
     Returns the output path; raises CheckFailed with the child's last error line when it fails."""
     out = out or ctx.work / f"{name}.{'pt' if mode == 'step' else 'json'}"
-    cmd = [sys.executable, str(STEP), mode, arg, str(out)]
+    cmd = [sys.executable, "-m", STEP, mode, arg, str(out)]
     if procs > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
     t0, out_file = time.perf_counter(), ctx.work / f"{name}.out"
     with out_file.open("w", encoding="utf-8") as f:  # a file, not a pipe: an orphaned rank cannot hang us
-        p = subprocess.Popen(cmd, cwd=common.REPO, env=ctx.env, stdout=f, stderr=subprocess.STDOUT,
+        p = subprocess.Popen(cmd, cwd=records.REPO, env=ctx.env, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
         try:
             p.wait(timeout=ctx.args.timeout)
@@ -405,12 +406,12 @@ def table(rows: list[Row], title: str) -> str:
 
 
 def write_json(path: Path, rows: list[Row], ctx: Ctx, wall: float) -> None:
-    record = {"benchmark": "gpu_check", "command": common.command_line(), "machine": common.machine_info(),
+    record = {"benchmark": "gpu_check", "command": records.command_line(), "machine": records.machine_info(),
               "gpu": {k: ctx.info.get(k) for k in ("cuda_build", "device_count", "devices", "bf16_supported",
                                                     "nccl_available", "nccl_version")},
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": "cuda" if ctx.cuda else "cpu",
               "passed": not any(r.status == "FAIL" for r in rows), "wall_s": round(wall, 1), "log": str(ctx.log),
-              "load_avg": common.load_avg(), "rows": [asdict(r) for r in rows]}
+              "load_avg": records.load_avg(), "rows": [asdict(r) for r in rows]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")

@@ -8,7 +8,7 @@ built-in tiny model:
 Reported: mean rollout-step time per run (perf/step_time_s, first rollout step excluded), wall time, and the ratios to `alone`,
 measured in one invocation. Not a test: nothing here asserts.
 
-    .venv/bin/python bench/concurrency.py [--steps 30] [--smoke] [--out DIR]
+    .venv/bin/python -m bench.perf.concurrency [--steps 30] [--smoke] [--out DIR]
 """
 from __future__ import annotations
 
@@ -21,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (
-    PRESET,
-    REPO,
-    SMOKE_OVERRIDES,
-    load_avg,
-    load_bench_config,
-    settings_with_seed,
-    write_record,
-)
+from bench.lib import plots
+from bench.lib.records import REPO, load_avg, write_record
+from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_with_seed
 
 NAIVE_STRIP = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
 
@@ -104,17 +98,13 @@ def main() -> None:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     labels = [f"{r['scenario']}\n{r['threads']} thr, {r['wait_policy']}" for r in rows]
     ax.bar(labels, [r["mean_step_time_s"] for r in rows], color=["#4c72b0", "#c44e52", "#55a868"])
     ax.set_ylabel("rollout-step time per run (s)")
     ax.set_title("two cpu-demo runs on the same cores", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 if __name__ == "__main__":

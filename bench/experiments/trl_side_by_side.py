@@ -1,8 +1,8 @@
 """Our GRPO and VAPO next to TRL's GRPOTrainer: seconds per optimizer step and wall time to +N points (issue 13).
 
 One run each, one after the other in this process: TRL GRPO (`trl.GRPOTrainer`), our GRPO and our VAPO (the `grpo`
-and `vapo` variants of vapo_engine.variants, ordinary in-process runs as in bench/common.py). Needs the optional
-extra in its own venv (bench/README.md): `pip install -e '.[trl]'`; without it the script exits 2.
+and `vapo` variants of vapo_engine.variants, ordinary in-process runs as in bench/lib/runs.py). Needs the optional
+extra in its own venv (pyproject.toml's `trl` extra): `pip install -e '.[trl]'`; without it the script exits 2.
 
 The same on all three sides:
 - model: the task's built-in tiny model directory (`builtin_model_dir(task=...)`), fp32, CPU, this process;
@@ -38,9 +38,9 @@ inside the first step of each rollout). Time to +N: training wall time without t
 pretraining, logging, data loading) up to the first evaluation with greedy accuracy ≥ step-0 accuracy + N points.
 One run per side, so timings carry the machine's load (the record has the load averages). Nothing here asserts.
 
-    .venv-trl/bin/python bench/trl_side_by_side.py                        # cpu-demo shapes, builtin:addition
-    .venv-trl/bin/python bench/trl_side_by_side.py --task builtin:chain --preset <its preset>
-    .venv-trl/bin/python bench/trl_side_by_side.py --smoke --out /tmp/x   # seconds per side
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side                       # cpu-demo shapes, builtin:addition
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side --task builtin:chain --preset <its preset>
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side --smoke --out /tmp/x  # seconds per side
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+from bench.lib import plots, records
+from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_with_seed
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # TRL 1.16 reads attributes transformers 5.x deprecates
 
@@ -67,7 +67,7 @@ NAME = "trl_side_by_side"
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default=None, help="built-in task (default: the preset's data.train)")
-    p.add_argument("--preset", default=common.PRESET, help="preset for shapes and learning rates")
+    p.add_argument("--preset", default=PRESET, help="preset for shapes and learning rates")
     p.add_argument("--steps", type=int, default=160, help="optimizer steps per run")
     p.add_argument("--eval-interval", type=int, default=8, help="optimizer steps between held-out evaluations")
     p.add_argument("--points", type=float, default=10, help="N: target = step-0 greedy accuracy + N points")
@@ -93,8 +93,8 @@ def bench_config(variant: str, args, task: str, model_dir: Path, steps: int, eve
     """config.toml + preset + the variant's overrides + this benchmark's; returns (config, overrides)."""
     extra = [f"training.total_steps={steps}", f"eval.eval_interval={every}", f"eval.save_interval={10 * steps}",
              f"model.local_path={json.dumps(str(model_dir))}", f"data.train={json.dumps(task)}",
-             f"eval.benchmark={json.dumps(task)}", *(common.SMOKE_OVERRIDES if args.smoke else ())]
-    return common.load_bench_config(variant, extra, args.preset)
+             f"eval.benchmark={json.dumps(task)}", *(SMOKE_OVERRIDES if args.smoke else ())]
+    return load_bench_config(variant, extra, args.preset)
 
 
 def heldout(models, task, cfg, seed: int, step: int) -> dict:
@@ -130,7 +130,7 @@ def run_ours(variant: str, args, task: str, model_dir: Path, steps: int, every: 
     cfg, overrides = bench_config(variant, args, task, model_dir, steps, every)
     events = []
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
-        info = create_run(cfg, common.settings_with_seed(args.seed), Path(tmp), run_id=f"{variant}-s{args.seed}",
+        info = create_run(cfg, settings_with_seed(args.seed), Path(tmp), run_id=f"{variant}-s{args.seed}",
                           overrides=overrides, preset=args.preset)
         events.append((time.perf_counter(), {"kind": "start"}))
         summary = train(info.run_dir, log=lambda s: None,
@@ -257,9 +257,7 @@ def print_table(summary: dict, rel: dict, points: float) -> None:
 
 
 def plot(path: Path, runs: list[dict], summary: dict, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.2))
     for r in runs:
         c = r["curve"]
@@ -272,16 +270,14 @@ def plot(path: Path, runs: list[dict], summary: dict, title: str) -> None:
     ax2.bar(sides, [summary[s]["s_per_opt_step"] for s in sides], color=["C0", "C1", "C2"][:len(sides)])
     ax2.set(ylabel="seconds per optimizer step")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def interpreter_command() -> str:
-    """common.command_line() names .venv; this script runs in the TRL venv, so name the real interpreter."""
+    """records.command_line() names .venv; this script runs in the TRL venv, so name the real interpreter."""
     exe = Path(sys.executable)
-    shown = os.path.relpath(exe, common.REPO) if exe.is_relative_to(common.REPO) else str(exe)
-    return common.command_line().replace(".venv/bin/python", shown, 1)
+    shown = os.path.relpath(exe, records.REPO) if exe.is_relative_to(records.REPO) else str(exe)
+    return records.command_line().replace(".venv/bin/python", shown, 1)
 
 
 def main(argv=None) -> dict:
@@ -292,10 +288,10 @@ def main(argv=None) -> dict:
     transformers.logging.disable_progress_bar()
     from vapo_engine.builtin_model import builtin_model_dir
     from vapo_engine.config import load_config
-    task = args.task or load_config(common.REPO / "config.toml", preset=args.preset).data.train
+    task = args.task or load_config(records.REPO / "config.toml", preset=args.preset).data.train
     steps, every = (2, 1) if args.smoke else (args.steps, args.eval_interval)
     model_dir = builtin_model_dir(task=task)
-    t0, load0 = time.time(), common.load_avg()
+    t0, load0 = time.time(), records.load_avg()
     runs = [run_trl(args, task, model_dir, steps, every)]
     runs += [run_ours(v, args, task, model_dir, steps, every) for v in ("grpo", "vapo")]
     summary = {r["side"]: summarize(r, args.points) for r in runs}
@@ -311,10 +307,10 @@ def main(argv=None) -> dict:
             "s_per_opt_step_ours": "Σ perf/step_time_s / optimizer steps",
             "s_per_opt_step_trl": "Σ (on_step_begin → on_step_end) / optimizer steps"}
     record = {"command": interpreter_command(), "config": meta, "wall_s_total": round(time.time() - t0, 1),
-              "load_avg_start": load0, "load_avg_end": common.load_avg(), "summary": summary,
+              "load_avg_start": load0, "load_avg_end": records.load_avg(), "summary": summary,
               "ratio_vs_trl_grpo": rel, "vapo_step_no_slower_than_trl": rel["vapo"]["s_per_opt_step"] <= 1.0,
               "runs": runs}
-    path = common.write_record(NAME, record, Path(args.out) if args.out else None)
+    path = records.write_record(NAME, record, Path(args.out) if args.out else None)
     plot(path.with_suffix(".png"), runs, summary,
          f"TRL GRPO vs our GRPO and VAPO, {task}, {steps} optimizer steps, seed {args.seed}")
     print_table(summary, rel, args.points)

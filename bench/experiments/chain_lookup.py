@@ -7,9 +7,9 @@ table is by prompt length: the mean over the *middle* lines (all but the first a
 read from the prompt's ends) and the share of lines below 0.5. Each policy directory given is measured on the
 same problems (e.g. the built-in warm-start and a trained checkpoint's `policy/`).
 
-    .venv/bin/python bench/chain_lookup.py                        # the built-in chain model
-    .venv/bin/python bench/chain_lookup.py --policy RUN/checkpoints/step-0000120/policy
-    .venv/bin/python bench/chain_lookup.py --smoke --out /tmp/x   # a tiny random model, seconds
+    .venv/bin/python -m bench.experiments.chain_lookup                       # the built-in chain model
+    .venv/bin/python -m bench.experiments.chain_lookup --policy RUN/checkpoints/step-0000120/policy
+    .venv/bin/python -m bench.experiments.chain_lookup --smoke --out /tmp/x  # a tiny random model, seconds
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-from common import load_avg, write_record
+from bench.lib.records import load_avg, write_record
 
 
 def lookup_probs(model, tokenizer, task, per_length: int) -> dict[int, dict]:

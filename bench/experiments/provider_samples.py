@@ -13,8 +13,8 @@ provider accuracy, positives replayed, drops, latency). Writes bench/results/pro
 Here the endpoint runs on the same two cores as the trainer, so the "with" arm's wall time also pays for
 serving; with a remote API it would not. Never run it next to tests or other benchmarks.
 
-    .venv/bin/python bench/provider_samples.py                      # ~25 min on 2 idle cores
-    .venv/bin/python bench/provider_samples.py --smoke --out /tmp/x  # under a minute, for tests
+    .venv/bin/python -m bench.experiments.provider_samples                      # ~25 min on 2 idle cores
+    .venv/bin/python -m bench.experiments.provider_samples --smoke --out /tmp/x  # under a minute, for tests
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+from bench.lib import plots, records
+from bench.lib.runs import PRESET, SMOKE_OVERRIDES, parse_seeds, run_variant
+from bench.lib.stats import spread
 
 SETTINGS_ENV = "VAPO_MCP_SETTINGS"  # vapo_engine.jobs.threads.SETTINGS_ENV: the worker's channel
 KEY_ENV = "VAPO_BENCH_PROVIDER_KEY"
@@ -65,7 +66,7 @@ def serve(run_dir: Path, port: int, log_path: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "server.cli", "serve-model", str(run_dir), "--port", str(port),
            "--model-name", MODEL_NAME, "--log-level", "warning"]
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=common.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=records.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     import httpx
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -82,7 +83,7 @@ def serve(run_dir: Path, port: int, log_path: Path) -> subprocess.Popen:
 
 
 def channel_settings(folder: Path, port: int) -> Path:
-    s = json.loads((common.REPO / "settings.json").read_text())
+    s = json.loads((records.REPO / "settings.json").read_text())
     s["api"] = {"base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": KEY_ENV, "default_headers": {}}
     s["models"] = {"reasoning": MODEL_NAME, "fallback": None}
     path = folder / "settings.json"
@@ -115,9 +116,9 @@ def summarize(rows: list[dict]) -> dict:
         hit = [r["steps_to_target"] for r in mine]
         out[arm] = {"runs": len(mine), "reached": sum(h is not None for h in hit), "steps_to_target": hit,
                     "wall_s_to_target": [r["wall_s_to_target"] for r in mine],
-                    "final_greedy": common.spread([r["final_greedy"] for r in mine]),
-                    "final_sampled": common.spread([r["final_sampled"] for r in mine]),
-                    "wall_s": common.spread([r["wall_s"] for r in mine])}
+                    "final_greedy": spread([r["final_greedy"] for r in mine]),
+                    "final_sampled": spread([r["final_sampled"] for r in mine]),
+                    "wall_s": spread([r["wall_s"] for r in mine])}
     return out
 
 
@@ -125,16 +126,16 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     smoke = args.smoke
     steps_a, steps = (2, 2) if smoke else (args.steps_a, args.steps)
-    seeds = [1] if smoke else common.parse_seeds(args.seeds)
+    seeds = [1] if smoke else parse_seeds(args.seeds)
     every = 1 if smoke else args.eval_interval
-    extra = common.SMOKE_OVERRIDES if smoke else ()
-    t0, load0 = time.time(), common.load_avg()
-    meta = {"preset": common.PRESET, "steps_a": steps_a, "steps_b": steps, "seeds": seeds, "eval_interval": every,
+    extra = SMOKE_OVERRIDES if smoke else ()
+    t0, load0 = time.time(), records.load_avg()
+    meta = {"preset": PRESET, "steps_a": steps_a, "steps_b": steps, "seeds": seeds, "eval_interval": every,
             "gain": args.gain, "samples_per_prompt": args.samples, "concurrency": args.concurrency,
             "smoke": smoke, "extra_overrides": list(extra)}
     with tempfile.TemporaryDirectory(prefix="vapo-bench-provider-") as tmp:
         tmp = Path(tmp)
-        a = common.run_variant("vapo", 1, steps_a, max(1, steps_a // 4), extra, keep_in=tmp / "a", name="run-a")
+        a = run_variant("vapo", 1, steps_a, max(1, steps_a // 4), extra, keep_in=tmp / "a", name="run-a")
         print(f"run A: greedy {a['curve'][0]['greedy']:.3f} -> {a['final_greedy']:.3f} in {a['wall_s']:.0f} s",
               flush=True)
         port = free_port()
@@ -148,7 +149,7 @@ def main(argv=None) -> dict:
             rows = []
             for seed in seeds:
                 for arm, over in (("without", ()), ("with", provider)):
-                    r = common.run_variant("vapo", seed, steps, every, (*extra, *over),
+                    r = run_variant("vapo", seed, steps, every, (*extra, *over),
                                            name=f"b-{arm}-s{seed}")
                     rows.append(row(r, arm, args.gain))
                     x = rows[-1]
@@ -159,10 +160,10 @@ def main(argv=None) -> dict:
             server.terminate()
             server.wait(30)
     record = {"config": meta, "run_a": {k: a[k] for k in ("curve", "final_greedy", "final_sampled", "wall_s")},
-              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": common.load_avg(),
+              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": records.load_avg(),
               "summary": summarize(rows), "runs": rows}
-    path = common.write_record("provider_samples", record, Path(args.out) if args.out else None)
-    common.plot_curves(path.with_suffix(".png"), {f"B {arm}": [r["curve"] for r in rows if r["arm"] == arm]
+    path = records.write_record("provider_samples", record, Path(args.out) if args.out else None)
+    plots.plot_curves(path.with_suffix(".png"), {f"B {arm}": [r["curve"] for r in rows if r["arm"] == arm]
                                                   for arm in ("without", "with")},
                        f"run B with vs without provider samples from run A, seeds {seeds} (band = min-max)")
     print(json.dumps(record["summary"], indent=1))

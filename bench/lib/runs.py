@@ -1,25 +1,17 @@
-"""Shared pieces of the benchmarks: machine info, one training run of a variant, curve statistics, records.
+"""Training runs of the benchmarks: one variant trained in-process, and the statistics of its curves.
 
 A benchmark run is an ordinary engine run (config.toml + the cpu-demo preset + a variant's overrides + the
 benchmark's own overrides) trained in-process in a temporary run directory that is deleted afterwards; only
-the numbers survive, in `bench/results/<name>.json`. Not a test: nothing here asserts.
+the numbers survive, in the benchmark's record (bench/lib/records.py). Not a test: nothing here asserts.
 """
 from __future__ import annotations
 
-import json
-import os
-import platform
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from .records import REPO
 
 PRESET = "cpu-demo"
 
@@ -28,7 +20,7 @@ class ParityReward:
     """A task whose reward is the parity of the response's length plus the answer's: a signal even an untrained
     tiny model's answers get (correct = odd), so a step has non-zero policy and value gradients (a constant zero
     reward with a zero-initialised value head gives zero gradients); the rest is the wrapped task's. Used by
-    bench/memory.py and tests/lora_dist_step.py."""
+    bench/perf/memory.py and tests/lora_dist_step.py."""
 
     def __init__(self, task):
         self.task = task
@@ -56,29 +48,6 @@ def random_head_value_dir(model_dir, out) -> Path:
             p.normal_(0.0, 0.1)
     value.save_pretrained(out)
     return Path(out)
-
-
-def machine_info() -> dict:
-    """CPU model (from /proc/cpuinfo), core counts, torch / transformers / python versions."""
-    import torch
-    import transformers
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu_model": cpu, "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
-def command_line() -> str:
-    """The exact command that produced a record (paths relative to the repository root)."""
-    argv = [os.path.relpath(sys.argv[0], REPO) if sys.argv and sys.argv[0].endswith(".py") else sys.argv[0]]
-    return " ".join(shlex.quote(a) for a in [".venv/bin/python", *argv, *sys.argv[1:]])
 
 
 def load_bench_config(variant: str, extra: list[str] | tuple[str, ...] = (), preset: str = PRESET):
@@ -159,7 +128,7 @@ def pooled_explained_var(records: list[dict]) -> float | None:
 
 
 def train_stats(records: list[dict]) -> dict:
-    """Means over the training steps of the diagnostics the README discusses."""
+    """Means over the training steps of the run diagnostics the benchmarks report."""
     return {"mean_explained_var": _mean_of(records, "critic/explained_var"),
             "pooled_explained_var": pooled_explained_var(records),
             "pretrain_explained_var_last": _last(records, "critic/pretrain_explained_var", "pretrain"),
@@ -182,90 +151,6 @@ def steps_to_target(curve: list[dict], target: float, key: str = "greedy") -> in
         if p.get(key) is not None and p[key] >= target:
             return p["step"]
     return None
-
-
-def spread(values: list[float | None]) -> dict:
-    """mean, std (sample, 0 for one value), min, max, n of the non-missing values."""
-    v = [float(x) for x in values if x is not None]
-    if not v:
-        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
-    return {"mean": round(statistics.fmean(v), 4), "std": round(statistics.stdev(v), 4) if len(v) > 1 else 0.0,
-            "min": round(min(v), 4), "max": round(max(v), 4), "n": len(v)}
-
-
-def git_commit() -> str | None:
-    """The repository's HEAD commit, "+changes" when the working tree differs from it (None outside git)."""
-    import subprocess
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10,
-                              check=False)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if head.returncode == 0 else None
-
-
-def write_record(name: str, record: dict, out_dir: Path | None = None) -> Path:
-    """Write `<out_dir>/<name>.json` (default bench/results) with machine info and the command line."""
-    out_dir = Path(out_dir or RESULTS)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    full = {"benchmark": name, "command": command_line(), "machine": machine_info(), "commit": git_commit(),
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
-    path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def save_training_record(name: str, record: dict, out: str | None, runs: list[dict], groups: list[str],
-                         title: str) -> Path:
-    """The record of a training benchmark plus its curves plot (held-out accuracy per group over seeds)."""
-    path = write_record(name, record, Path(out) if out else None)
-    plot_curves(path.with_suffix(".png"), {g: [r["curve"] for r in runs if r["variant"] == g] for g in groups}, title)
-    return path
-
-
-def plot_curves(path: Path, groups: dict[str, list[list[dict]]], title: str,
-                keys: tuple[str, ...] = ("greedy", "sampled")) -> None:
-    """Mean held-out accuracy per group with a min–max band across seeds, one panel per key (Agg)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        colors = plt.cm.tab20.colors if len(groups) > 10 else plt.cm.tab10.colors
-        for i, (label, curves) in enumerate(groups.items()):
-            _plot_group(ax, label, curves, key, colors[i % len(colors)])
-        ax.set_xlabel("policy steps")
-        ax.set_ylabel(f"held-out {key} accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_group(ax, label: str, curves: list[list[dict]], key: str, color) -> None:
-    steps = sorted({p["step"] for c in curves for p in c})
-    rows = [[p[key] for c in curves for p in c if p["step"] == s and p[key] is not None] for s in steps]
-    keep = [(s, r) for s, r in zip(steps, rows) if r]
-    if not keep:
-        return
-    xs = [s for s, _ in keep]
-    ax.plot(xs, [statistics.fmean(r) for _, r in keep], marker="o", ms=3, label=label, color=color)
-    if any(len(r) > 1 for _, r in keep):
-        ax.fill_between(xs, [min(r) for _, r in keep], [max(r) for _, r in keep], alpha=0.15, color=color)
-
-
-def load_avg() -> list[float] | None:
-    """1/5/15-minute load averages (other processes share these 2 cores: timings depend on it)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 # --smoke: a few seconds per run (tiny batch, 8 eval problems, 1 value-pretraining step); for tests only

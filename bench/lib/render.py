@@ -1,4 +1,4 @@
-"""Markdown sections of docs/results.md, one renderer per record in bench/results (used by bench/report.py).
+"""Markdown sections of docs/results.md, one renderer per record in bench/results (used by bench.report).
 
 A renderer takes the record (a dict) and returns markdown. Every number it writes comes from the record: the
 prose around the tables is generated from the same fields, so it cannot drift from them, and words such as
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import statistics
 
-from stats import welch_ci
+from . import stats
+from .runs import steps_to_target
+from .stats import welch_ci
 
 
 def f(x, nd: int = 3) -> str:
@@ -16,7 +18,7 @@ def f(x, nd: int = 3) -> str:
 
 
 def spread(s: dict, nd: int = 3) -> str:
-    """mean ± std [min–max] of a `common.spread` dict."""
+    """mean ± std [min–max] of a `stats.spread` dict."""
     if not s or s.get("mean") is None:
         return "—"
     if s.get("n", 1) <= 1:
@@ -25,12 +27,8 @@ def spread(s: dict, nd: int = 3) -> str:
 
 
 def mstd(values: list) -> str:
-    v = [x for x in values if x is not None]
-    if not v:
-        return "—"
-    if len(v) == 1:
-        return f(v[0])
-    return f"{statistics.fmean(v):.3f} ± {statistics.stdev(v):.3f} [{min(v):.3f}–{max(v):.3f}]"
+    """mean ± std [min–max] of the non-missing values."""
+    return spread(stats.spread(values, nd=None))
 
 
 def machine(rec: dict) -> str:
@@ -39,7 +37,12 @@ def machine(rec: dict) -> str:
         if rec.get("commit") else ""
     return (f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; "
             f"`{rec['command']}`; {rec['wall_s_total']:.0f} s wall; load average at start/end "
-            f"{rec.get('load_avg_start')} / {rec.get('load_avg_end')} ({rec['date_utc']}{commit})*")
+            f"{rec['load_avg_start']} / {rec['load_avg_end']} ({rec['date_utc']}{commit})*")
+
+
+def section(lines: list[str], rec: dict, *notes: str) -> str:
+    """A record's section: its table lines, each note as a paragraph, and its provenance line last."""
+    return "\n".join([*lines, *(x for note in notes for x in ("", note)), "", machine(rec)])
 
 
 def _label(variant: str) -> str:
@@ -72,15 +75,14 @@ def ablation_paired(rec: dict) -> str:
         v, t = row["variant"], row.get("vs_base")
         mine = [r for r in runs if r["variant"] == v]
         ev = [r.get("pooled_explained_var") for r in mine]
-        pre = {str(r["seed"]): r.get("pretrain_rollouts", 0) for r in mine}
-        finals = [x for x in row["final"].values() if x is not None]
+        pre = {str(r["seed"]): r["pretrain_rollouts"] for r in mine}
         lines.append(
             f"| {_label(v)} | {f(row['area_mean'])} ± {f(row['area_sd'])} | {'' if t is None else _interval(t)} | "
             f"{'' if t is None else f(t.get('p_holm'), 3)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} | "
-            f"{_per_seed(row['reach'], 1)} | {f(statistics.fmean(finals) if finals else None)} | "
-            f"{mstd(ev) if any(x is not None for x in ev) else '—'} | {_per_seed(pre)} |")
+            f"{_per_seed(row['reach'], 1)} | {f(_mean(list(row['final'].values())))} | "
+            f"{mstd(ev)} | {_per_seed(pre)} |")
     starts = [r["curve"][0][key] for r in runs if r["curve"] and r["curve"][0]["step"] == 0]
-    extra = ", ".join(f"`{o}`" for o in c.get("extra_overrides") or []) or "none"
+    extra = ", ".join(f"`{o}`" for o in c["extra_overrides"]) or "none"
     n_seeds, n_cmp = len(c["seeds"]), sum(1 for r in rec["table"] if r.get("vs_base"))
     lines += ["", (f"Preset {c['preset']}; every row spends {c['budget_rollouts']} rollouts (value-pretraining "
                    f"rollouts included) with seeds {c['seeds']}; evaluation every {c['eval_interval']} policy steps; "
@@ -94,18 +96,14 @@ def ablation_paired(rec: dict) -> str:
                    "60 tokens before the end gets λ^60 of the last token's weight), with no per-state baseline; "
                    "whitening only subtracts one batch-wide mean — until the critic learns."),
               "", _resolution(rec["table"], n_seeds)]
-    if rec.get("wall_s_runs_and_critics_sum"):
-        lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
-                       f"run and shared critic, each in its own process, {c.get('jobs', 1)} at a time on this "
-                       "machine; the wall time below is the last invocation's, which may have taken finished runs "
-                       "from the cache).")]
-    lines += ["", machine(rec)]
-    return "\n".join(lines)
+    lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
+                   f"run and shared critic, each in its own process, {c['jobs']} at a time on this machine; the "
+                   "wall time below is the last invocation's, which may have taken finished runs from the cache).")]
+    return section(lines, rec)
 
 
 def _mean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
+    return stats.spread(xs, nd=None)["mean"]
 
 
 def _resolution(table: list[dict], n_seeds: int) -> str:
@@ -219,10 +217,6 @@ def throughput(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def _hit(curve: list[dict], key: str, target: float):
-    return next((p["step"] for p in curve if p.get(key) is not None and p[key] >= target), None)
-
-
 def _tail_mean(curve: list[dict], key: str, k: int = 3):
     """Mean of the last k evaluations (less noisy than the single final one)."""
     vals = [p[key] for p in curve if p.get(key) is not None][-k:]
@@ -230,7 +224,7 @@ def _tail_mean(curve: list[dict], key: str, k: int = 3):
 
 
 def _hits(runs: list[dict], key: str, target: float) -> str:
-    return ", ".join("—" if h is None else str(h) for h in (_hit(r["curve"], key, target) for r in runs))
+    return ", ".join("—" if h is None else str(h) for h in (steps_to_target(r["curve"], target, key) for r in runs))
 
 
 def sample_efficiency(rec: dict) -> str:
@@ -256,8 +250,7 @@ def sample_efficiency(rec: dict) -> str:
             f"runs drew their prompts from named streams); held-out 200 problems evaluated every ~{c['eval_interval']} "
             f"steps; step-0 mean over runs: greedy {f(start.get('greedy'))}, sampled {f(start.get('sampled'))}; "
             f"— = not reached. {verdict}")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def _welch(d: dict | None) -> str:
@@ -275,15 +268,14 @@ def chain_lookup(rec: dict) -> str:
     for n in sorted({int(k) for r in res for k in r["by_steps"]}):
         cells = []
         for r in res:
-            x = r["by_steps"].get(str(n)) or r["by_steps"].get(n) or {}
+            x = r["by_steps"].get(str(n)) or {}
             below = x.get("sign_below_half")
             cells += [f(x.get("sign_middle"), 2), "—" if below is None else f"{below:.0%}", f(x.get("digit_middle"), 2)]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     policies = "; ".join(f"{chr(65 + i)}: `{r['policy']}`" for i, r in enumerate(res))
     note = (f"{rec['config']['per_length']} held-out problems per step count, reference solution fed "
             f"(teacher-forced); middle lines = all but the first and the last two. Policies — {policies}.")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def trl_side_by_side(rec: dict) -> str:
@@ -300,8 +292,7 @@ def trl_side_by_side(rec: dict) -> str:
             f"({c['opt_steps_per_rollout']} per rollout of {c['batch_size']}), eval every ~{c['eval_interval']} steps "
             f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, one run per side; TRL {v['trl']}, "
             f"accelerate {v['accelerate']}; — = not reached.")
-    lines += ["", note, "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, note)
 
 
 def provider_samples(rec: dict) -> str:
@@ -326,7 +317,7 @@ def provider_samples(rec: dict) -> str:
             "Answers = provider requests answered (prompts sent × answers per prompt); positives added = correct "
             "answers that joined the replay buffer (what the positive-example NLL then draws from, not how often "
             "each was drawn).")
-    return "\n".join([*lines, "", note, "", machine(rec)])
+    return section(lines, rec, note)
 
 
 def _mib(x) -> str:
@@ -348,8 +339,8 @@ def memory(rec: dict) -> str:
         if not run["ok"]:
             lines.append(f"| {s} | — | failed: {run['error'].strip().splitlines()[-1][:200]} | | | | | | |")
     base = sorted({_mib(r["baseline_rss"]) for r in rec["rows"]})
-    lines += ["", (f"Random-init Qwen2 (hidden {m['hidden']}, {m['layers']} layers; {m.get('policy_params', 0):,} "
-                   f"policy + {m.get('value_params', 0):,} value parameters), {c['world_size']} gloo processes, two "
+    lines += ["", (f"Random-init Qwen2 (hidden {m['hidden']}, {m['layers']} layers; {m['policy_params']:,} "
+                   f"policy + {m['value_params']:,} value parameters), {c['world_size']} gloo processes, two "
                    f"rollout steps of 4 responses (≤ 8 tokens), LoRA r {c['lora_r']} on every trunk linear; tensors "
                    f"counted after step 2 (a DTensor counts its local shard); RSS baseline after the imports: "
                    f"{', '.join(base)} MiB per rank.")]
@@ -373,5 +364,4 @@ def memory(rec: dict) -> str:
         lines.append(f"| {name} | {' / '.join(str(v) for v in x['fsdp_persistent'].values())} | "
                      f"{x['fsdp_transient_up_to']} | {x['ddp_persistent']} | {x['ddp_transient_flat_grads']} | "
                      f"{x['autocast_bf16_weight_copies_up_to']} | {x['lora_frozen_fp32']} | {x['lora_if_bf16_base']} |")
-    lines += ["", rec["bf16_note"], "", machine(rec)]
-    return "\n".join(lines)
+    return section(lines, rec, rec["bf16_note"])

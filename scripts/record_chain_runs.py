@@ -7,7 +7,7 @@ metrics.jsonl, summary.json and run.json are copied to tests/data/chain_runs/<ca
 tests/test_diagnose_chain_runs.py checks that the rule for that symptom fires on it and that the healthy run
 stays quiet. Re-run this script when the task, the model or the rules change:
 
-    .venv/bin/python bench/diagnose_runs.py [--steps 36] [--out tests/data/chain_runs]
+    .venv/bin/python -m scripts.record_chain_runs [--steps 36] [--out tests/data/chain_runs]
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, load_avg, settings_with_seed
+from bench.lib.records import REPO, load_avg
+from bench.lib.runs import settings_with_seed
 
 PRESET = "chain-planted-stop"
 SHAPE = ["model.builtin=\"builtin:chain@v1\"", "training.batch_size=32", "training.mini_batch_size=32",

@@ -1,12 +1,12 @@
-"""Child process of `bench/gpu_check.py`: one engine job of a prepared run directory in a process of its own,
+"""Child process of `scripts/gpu_check.py`: one engine job of a prepared run directory in a process of its own,
 so that a crash, an out-of-memory error or a poisoned CUDA context stays inside one check, and the peak memory
 it reports is that job's own.
 
-    python bench/_gpu_step.py env   -       OUT.json   # versions, devices, bf16 support, nccl, a bf16 matmul
-    python bench/_gpu_step.py value MODEL   OUT_DIR    # MODEL's value model with a random head ("-": built-in)
-    python bench/_gpu_step.py train RUN_DIR OUT.json   # the run's `vapo-mcp train` (engine's train(), in-process)
-    python bench/_gpu_step.py step  RUN_DIR OUT.pt     # one rollout step, rank 0's metrics and synced gradients
-    python bench/_gpu_step.py bf16  RUN_DIR OUT.json   # one rollout step + old log-probs under autocast vs fp32
+    python -m scripts.gpu_step env   -       OUT.json   # versions, devices, bf16 support, nccl, a bf16 matmul
+    python -m scripts.gpu_step value MODEL   OUT_DIR    # MODEL's value model with a random head ("-": built-in)
+    python -m scripts.gpu_step train RUN_DIR OUT.json   # the run's `vapo-mcp train` (engine's train(), in-process)
+    python -m scripts.gpu_step step  RUN_DIR OUT.pt     # one rollout step, rank 0's metrics and synced gradients
+    python -m scripts.gpu_step bf16  RUN_DIR OUT.json   # one rollout step + old log-probs under autocast vs fp32
 
 `step` is tests/dist_step.py (plain process or under torchrun, ddp or fsdp as the run's config says) plus, per
 rank, `OUT.rank<r>.json` with that rank's peak memory; the gradients are saved on the CPU. Every mode writes its
@@ -20,10 +20,6 @@ import resource
 import sys
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 import torch
 
@@ -73,12 +69,11 @@ def env_mode(_: str, out: Path) -> None:
 
 
 def value_mode(model: str, out: Path) -> None:
-    """A value-model directory with a random scalar head (`common.random_head_value_dir`): a parity step then
+    """A value-model directory with a random scalar head (`random_head_value_dir`): a parity step then
     has gradients even when every reward of its batch is equal (all-zero gradients would prove nothing)."""
-    import common
-
+    from bench.lib.runs import random_head_value_dir
     from vapo_engine.trainer.models import resolve_model_path
-    common.random_head_value_dir(resolve_model_path(None if model == "-" else model), out)
+    random_head_value_dir(resolve_model_path(None if model == "-" else model), out)
 
 
 def train_mode(run_dir: str, out: Path) -> None:

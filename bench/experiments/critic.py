@@ -10,7 +10,7 @@
    overall and within prompt groups (what a per-prompt baseline leaves to explain). The true value function's
    EV, the ceiling any critic can reach, is the Monte-Carlo values' EV with their sampling noise taken out.
 
-    .venv/bin/python bench/critic.py [--preset chain-noisy-sft] [--lrs 1e-3] [--epochs 4] [--rounds 4,20]
+    .venv/bin/python -m bench.experiments.critic [--preset chain-noisy-sft] [--lrs 1e-3] [--epochs 4] [--rounds 4,20]
                                      [--prompts 32 --group 4 --continuations 8] [--smoke] [--out DIR]
 
 Every sweep run's critic is measured against the same states and the same Monte-Carlo values; with the
@@ -25,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, load_avg, settings_with_seed, write_record
+from bench.lib import plots
+from bench.lib.records import REPO, load_avg, write_record
+from bench.lib.runs import settings_with_seed
 
 
 def sweep_run(preset: str, lr: float, warmup: int, epochs: int, rounds: int, extra: list[str], tmp: Path) -> dict:
@@ -229,9 +231,7 @@ def main() -> None:
 
 
 def _plot(runs: list[dict], top: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
         a.plot(range(1, len(r["curve"]) + 1), [x if x is not None else float("nan") for x in r["curve"]],
@@ -253,9 +253,7 @@ def _plot(runs: list[dict], top: dict, path: Path) -> None:
     b.set_ylabel("explained variance vs returns")
     b.legend(fontsize=7)
     b.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 if __name__ == "__main__":

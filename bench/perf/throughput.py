@@ -19,20 +19,20 @@ Repeats are interleaved (fp32, bf16, fp32, bf16, ...: `--repeats` rounds over th
 so a change in the machine's load hits every setting alike; the record keeps every repeat, the tables show the
 median with the range, and the bf16/fp32 ratio is taken within each round.
 
-    .venv/bin/python bench/throughput.py              # ~2-3 min on 2 idle cores
-    .venv/bin/python bench/throughput.py --smoke --out /tmp/x
+    .venv/bin/python -m bench.perf.throughput    # ~2-3 min on 2 idle cores
+    .venv/bin/python -m bench.perf.throughput --smoke --out /tmp/x
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
 import torch
+
+from bench.lib import plots, records
+from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_with_seed
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,10 +116,10 @@ def measure_steps(dtype: str, warmup: int, steps: int, extra: tuple[str, ...]) -
     from vapo_engine.runs import create_run
     from vapo_engine.trainer import loop
     from vapo_engine.trainer.setup import build_trainer
-    config, overrides = common.load_bench_config("vapo", (f"model.dtype={dtype}", "training.total_steps=100000",
+    config, overrides = load_bench_config("vapo", (f"model.dtype={dtype}", "training.total_steps=100000",
                                                            *extra))
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
-        info = create_run(config, common.settings_with_seed(1), Path(tmp), run_id=f"throughput-{dtype}")
+        info = create_run(config, settings_with_seed(1), Path(tmp), run_id=f"throughput-{dtype}")
         tr = build_trainer(info.run_dir, write=False, log=lambda s: None)
     counter = Counter(loop)
     try:
@@ -183,9 +183,7 @@ def median_summary(rows: list[dict]) -> dict:
 
 
 def plot(path: Path, peak: dict, summaries: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     names = list(summaries)
     gen = [summaries[d]["rollout_time_s"] for d in names]
@@ -201,16 +199,14 @@ def plot(path: Path, peak: dict, summaries: dict) -> None:
     a2.set_ylabel("GFLOP/s")
     a2.tick_params(axis="x", labelsize=7, rotation=20)
     fig.suptitle("VAPO step throughput, built-in tiny policy + value models, this CPU", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    t0, load0 = time.time(), common.load_avg()
+    t0, load0 = time.time(), records.load_avg()
     sizes, min_s = ((128, 256), 0.05) if args.smoke else ((256, 512, 1024, 2048), 0.5)
-    extra = common.SMOKE_OVERRIDES if args.smoke else ()
+    extra = SMOKE_OVERRIDES if args.smoke else ()
     warmup, steps = (1, 1) if args.smoke else (args.warmup, args.steps)
     dtypes = [x for x in args.dtypes.split(",") if x]
     rounds = [{d: measure_steps(d, warmup, steps, extra) for d in dtypes} for _ in range(1 if args.smoke else
@@ -222,15 +218,15 @@ def main(argv=None) -> dict:
     per_round = [{d: flops_summary(r, peak) for d, r in rnd.items()} for rnd in rounds]
     summaries = {d: median_summary([p[d] for p in per_round]) for d in dtypes}
     ratios = [p[dtypes[-1]]["step_time_s"] / p[dtypes[0]]["step_time_s"] for p in per_round]
-    record = {"config": {"preset": common.PRESET, "variant": "vapo", "warmup_steps": warmup, "measured_steps": steps,
+    record = {"config": {"preset": PRESET, "variant": "vapo", "warmup_steps": warmup, "measured_steps": steps,
                          "repeats": len(rounds), "order": "interleaved", "smoke": args.smoke,
                          "extra_overrides": list(extra)},
               "step_time_ratio": {"of": f"{dtypes[-1]} / {dtypes[0]}", "per_round": [round(x, 3) for x in ratios]},
               "per_round": per_round,
               "flop_estimate": __doc__.split("FLOP estimate (stated in the record): ")[1].split("\n\n")[0],
-              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": common.load_avg(),
+              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": records.load_avg(),
               "matmul_peak": peak, "summary": summaries, "runs": rounds}
-    path = common.write_record("throughput", record, Path(args.out) if args.out else None)
+    path = records.write_record("throughput", record, Path(args.out) if args.out else None)
     plot(path.with_suffix(".png"), peak, summaries)
     print(f"matmul peak GFLOP/s: {peak['peak_gflops']}, model-shape {shape}: {peak['model_shape']}")
     for d, s in summaries.items():

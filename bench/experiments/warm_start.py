@@ -7,7 +7,7 @@ same held-out `builtin:chain` problems (an equal number per step count, 1-14):
   the rate at which a response stops before its chain is done (the planted-stop teacher's);
 - the build's own record (phases, steps, seconds; the model folder's sft_metrics.json).
 
-    .venv/bin/python bench/warm_start.py [--models builtin:chain,builtin:chain@planted-stop] [--problems 140]
+    .venv/bin/python -m bench.experiments.warm_start [--models builtin:chain,builtin:chain@planted-stop] [--problems 140]
                                          [--samples 4] [--smoke] [--out DIR]
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-import common
+from bench.lib import records
 
 
 def line_errors(task, problem, text: str) -> tuple[int, int, bool]:
@@ -75,7 +75,7 @@ def main(argv=None) -> Path:
     a = p.parse_args(argv)
     names = [n for n in a.models.split(",") if n][:1 if a.smoke else None]
     sizes = (14, 1) if a.smoke else (a.problems, a.samples)
-    t0, load0 = time.time(), common.load_avg()
+    t0, load0 = time.time(), records.load_avg()
     rows = [measure(n, *sizes, log=print) for n in names]
     for r in rows:
         print(f"{r['model']:>28}: greedy long {r['greedy_long']['accuracy']:.2f}, sampled long "
@@ -83,8 +83,8 @@ def main(argv=None) -> Path:
               f"{r['sampled_all']['sign_error_per_line']:.3f}, stopped early {r['sampled_long']['stopped_early']:.2f}")
     record = {"config": {"models": names, "problems": sizes[0], "samples": sizes[1], "smoke": a.smoke},
               "models": rows, "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0,
-              "load_avg_end": common.load_avg()}
-    path = common.write_record("warm_start", record, Path(a.out) if a.out else None)
+              "load_avg_end": records.load_avg()}
+    path = records.write_record("warm_start", record, Path(a.out) if a.out else None)
     print(f"record: {path}")
     return path
 

@@ -1,4 +1,5 @@
-"""Paired comparisons of ablation rows over a common sample budget (the `--budget` design of bench/ablation.py).
+"""Paired comparisons of ablation rows over a common sample budget (the `--budget` design of
+bench/experiments/ablation.py).
 
 Every row of one seed sees the same policy-step prompts (trainer/streams.py) and spends the same number of
 rollouts, value-pretraining rollouts included: a row that pretrains its critic for P rounds (one rollout each)
@@ -18,7 +19,7 @@ from __future__ import annotations
 import itertools
 import statistics
 
-from stats import holm, paired
+from .stats import holm, paired
 
 
 def budget_curve(run: dict, key: str) -> list[tuple[float, float]]:
@@ -84,32 +85,7 @@ def compare(runs: list[dict], variants: list[str], key: str, budget: float, thre
     return rows
 
 
-def plot(path, runs: list[dict], variants: list[str], key: str, budget: float, title: str) -> None:
-    """Mean held-out curve per row against rollouts spent (value pretraining included), min–max band over seeds."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    colors = plt.cm.tab10.colors
-    for i, v in enumerate(variants):
-        curves = [budget_curve(r, key) for r in runs if r["variant"] == v]
-        xs = sorted({x for c in curves for x, _ in c if x <= budget})
-        if not xs:
-            continue
-        ys = [[_at(c, x) for c in curves] for x in xs]
-        ax.plot(xs, [statistics.fmean(y) for y in ys], marker="o", ms=2.5, label=v, color=colors[i % 10])
-        ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.12, color=colors[i % 10])
-    ax.set_xlabel("rollouts spent (value pretraining included)")
-    ax.set_ylabel(f"held-out {key} accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _at(pts: list[tuple[float, float]], x: float) -> float:
+def value_at(pts: list[tuple[float, float]], x: float) -> float:
     """The curve's value at `x` (linear between evaluations, held after the last)."""
     for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if x0 <= x <= x1:

@@ -7,7 +7,7 @@ Each input repeats one piece that starts a credential-shaped match and then brea
 machine does not count) and the wall time. Not a test: nothing here asserts (tests/test_scrub_linear.py
 checks the 1 MB bound).
 
-    .venv/bin/python bench/scrub.py [--mb 1] [--out DIR]
+    .venv/bin/python -m bench.perf.scrub [--mb 1] [--out DIR]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from common import load_avg, write_record
+from bench.lib.records import load_avg, write_record
 
 PIECES = ("sk-", "sk_", "ak-", "r8_", "glpat-", "key=", "password=", "bearer ", "Bearer\t", "a.", "=a:", "(a:",
           "a:b@", "a://", "://", "https://a@", "api_key: ", "x-api-key: a", "hf_", "AIza-", "xoxb-", "@", "x",

@@ -6,7 +6,7 @@ directory per strategy (config.toml + cpu-demo + the bench's overrides), and for
 steps (sample → values → GAE → one AdamW step of policy and critic each; no value pretraining; the first step
 allocates the AdamW states, the second is the steady state) under
 `python -m torch.distributed.run --standalone --nproc_per_node=2`. The reward is the parity of the lengths
-(`common.ParityReward`), so the untrained model gets non-zero gradients. Strategies:
+(`ParityReward`), so the untrained model gets non-zero gradients. Strategies:
   ddp   full fine-tuning, replicated models, gradients SUM-all-reduced (distributed.strategy = "ddp")
   fsdp  full fine-tuning, FSDP2 `fully_shard` per block (distributed.strategy = "fsdp")
   lora  peft adapters on policy and value trunk (+ the value head), ddp strategy (lora.enabled = true)
@@ -26,8 +26,8 @@ from the configs, on the meta device), at 1, 2 and 8 ranks: ddp does not divide 
 divides everything by it, lora keeps the frozen fp32 weights on every rank plus the adapter states (adapter
 count = r × (in + out) of every trunk linear, at the run's lora.r). The bf16-on-CUDA case is arithmetic only.
 
-    .venv/bin/python bench/memory.py                 # ~2-3 min on 2 busy cores
-    .venv/bin/python bench/memory.py --smoke --out /tmp/x
+    .venv/bin/python -m bench.perf.memory    # ~2-3 min on 2 busy cores
+    .venv/bin/python -m bench.perf.memory --smoke --out /tmp/x
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+from bench.lib import plots, records
+from bench.lib.runs import PRESET, ParityReward, load_bench_config, settings_with_seed
 
 STRATEGIES = {"ddp": ['distributed.strategy="ddp"'], "fsdp": ['distributed.strategy="fsdp"'],
               "lora": ['distributed.strategy="ddp"', "lora.enabled=true"]}
@@ -123,7 +123,7 @@ def worker(run_dir: str, out_dir: str) -> None:
     rss = {"after_imports": _status()["VmRSS"]}
     t0 = time.perf_counter()
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
-    tr.task = common.ParityReward(tr.task)  # non-zero gradients for an untrained model
+    tr.task = ParityReward(tr.task)  # non-zero gradients for an untrained model
     setup_s = round(time.perf_counter() - t0, 2)
     st = _status()
     rss["after_setup"], peak = st["VmRSS"], {"setup": st["VmHWM"]}
@@ -153,9 +153,9 @@ def make_runs(tmp: Path, model_dir: Path, strategies: list[str], seed: int = 1) 
     runs = {}
     for s in strategies:
         extra = (*RUN_OVERRIDES, f'model.local_path="{model_dir}"', *STRATEGIES[s])
-        config, overrides = common.load_bench_config("vapo", extra)
-        runs[s] = create_run(config, common.settings_with_seed(seed), tmp / "runs", run_id=s, overrides=overrides,
-                             preset=common.PRESET).run_dir
+        config, overrides = load_bench_config("vapo", extra)
+        runs[s] = create_run(config, settings_with_seed(seed), tmp / "runs", run_id=s, overrides=overrides,
+                             preset=PRESET).run_dir
     return runs
 
 
@@ -164,9 +164,9 @@ def launch(run_dir: Path, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-           str(Path(__file__).resolve()), "--worker", str(run_dir), str(out_dir)]
+           "-m", "bench.perf.memory", "--worker", str(run_dir), str(out_dir)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, check=False, env=env, cwd=common.REPO, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(cmd, check=False, env=env, cwd=records.REPO, capture_output=True, text=True, timeout=900)
     wall = round(time.perf_counter() - t0, 1)
     if r.returncode != 0:
         return {"ok": False, "wall_s": wall, "error": (r.stderr[-6000:] + r.stdout[-2000:]).strip()}
@@ -305,9 +305,7 @@ def print_extrapolation(rows: list[dict]) -> None:
 
 
 def plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     labels = [f"{r['strategy']}\nrank {r['rank']}" for r in rows]
     bottom = [0.0] * len(rows)
@@ -321,9 +319,7 @@ def plot(path: Path, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
     ax.set_title("Tensor memory per rank after the second VAPO step (policy + value), 2 gloo processes",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def main(argv=None) -> dict | None:
@@ -331,7 +327,7 @@ def main(argv=None) -> dict | None:
     if args.worker:
         return worker(*args.worker)
     from vapo_engine.builtin_model import make_model_dir
-    t0, load0 = time.time(), common.load_avg()
+    t0, load0 = time.time(), records.load_avg()
     hidden, layers, heads = (64, 2, 2) if args.smoke else (args.hidden, args.layers, args.heads)
     strategies = [s for s in args.strategies.split(",") if s]
     results, rows = {}, []
@@ -348,18 +344,18 @@ def main(argv=None) -> dict | None:
             rows += [rank_row(s, r) for r in results[s]["ranks"]]
     measured = {s: per_param(r["ranks"]) for s, r in results.items() if r["ok"]}
     targets = target_counts(lora_r)
-    record = {"config": {"smoke": args.smoke, "preset": common.PRESET, "world_size": WORLD, "backend": "gloo",
+    record = {"config": {"smoke": args.smoke, "preset": PRESET, "world_size": WORLD, "backend": "gloo",
                          "model": {"hidden": hidden, "layers": layers, "heads": heads,
                                    **({f"{m}_params": v[m]["params"] for v in list(measured.values())[:1]
                                        for m in ("policy", "value")})},
                          "overrides": list(RUN_OVERRIDES), "strategies": {s: STRATEGIES[s] for s in strategies},
                          "lora_r": lora_r, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1 (set by the bench)")},
               "extrapolation_method": __doc__.split("Extrapolation (stated in the record): ")[1].split("\n\n")[0],
-              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": common.load_avg(),
+              "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": records.load_avg(),
               "rows": rows, "bytes_per_param": measured, "targets": targets,
               "extrapolation": extrapolate(measured, targets), "bf16_cuda_arithmetic": bf16_arithmetic(targets),
               "bf16_note": BF16_NOTE, "runs": results}
-    path = common.write_record("memory", record, Path(args.out) if args.out else None)
+    path = records.write_record("memory", record, Path(args.out) if args.out else None)
     if rows:
         plot(path.with_suffix(".png"), rows)
     print_table(rows)

@@ -8,7 +8,7 @@ appended before every call (no cache hit: each call reads the file's tail again)
 parse (`read_metrics`) for scale. No training: the run directory is made by `create_run` and the records are
 written directly. Not a test: nothing here asserts.
 
-    .venv/bin/python bench/run_views.py [--records 50000] [--repeats 50] [--out DIR]
+    .venv/bin/python -m bench.perf.run_views [--records 50000] [--repeats 50] [--out DIR]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, load_avg, write_record
+from bench.lib.records import REPO, load_avg, write_record
 
 
 def _records(n: int) -> str:
@@ -68,7 +68,7 @@ def main() -> None:
                              run_id="long").run_dir
         reg.add("long", "bench", [], run_dir)
         reg.claim_queued(1)
-        reg.transition("long", State.SUCCEEDED, "written by bench/run_views.py")
+        reg.transition("long", State.SUCCEEDED, "written by bench.perf.run_views")
         metrics = run_dir / "metrics.jsonl"
         metrics.write_text(_records(args.records))
         step = [args.records]

@@ -2,13 +2,26 @@
 
 With a handful of seeds per row, a Δ is only worth quoting with its uncertainty. `welch_ci(a, b)` (unpaired)
 gives mean(a) − mean(b), the Welch–Satterthwaite degrees of freedom and the 95% interval; `paired` tests
-differences seed by seed, and `holm` corrects a family of them. Student's t comes from the regularized
+differences seed by seed, and `holm` corrects a family of them; `spread` summarises one set of values. Student's t comes from the regularized
 incomplete beta function (exact at fractional df; no scipy needed).
 """
 from __future__ import annotations
 
 import math
 import statistics
+
+
+def spread(values: list[float | None], nd: int | None = 4) -> dict:
+    """mean, std (sample, 0 for one value), min, max, n of the non-missing values, rounded to `nd` decimals
+    (None: not rounded)."""
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+
+    def r(x: float) -> float:
+        return x if nd is None else round(x, nd)
+    return {"mean": r(statistics.fmean(v)), "std": r(statistics.stdev(v)) if len(v) > 1 else 0.0,
+            "min": r(min(v)), "max": r(max(v)), "n": len(v)}
 
 
 def welch_ci(a: list[float], b: list[float]) -> dict:

@@ -1,0 +1,1 @@
+"""Performance benchmarks; each module runs as `python -m bench.perf.<name>`."""
