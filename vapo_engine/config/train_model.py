@@ -225,6 +225,14 @@ class ProviderRolloutsConfig(Section):
     """Longest answer requested; unset = model.max_tokens. Longer correct answers are not replayed (counted)."""
 
 
+class RolloutConfig(Section):
+    backend: str = Field("hf", pattern=r"^[a-z][a-z0-9_]*$")
+    """Where rollouts and evaluations are sampled: hf = in the trainer's process with Hugging Face generate, from
+    the policy being trained (the only built-in backend). Another name must be a registered rollout backend
+    (vapo_engine/rollout/backends/); an unknown name stops the run before any weights load, listing the known
+    ones."""
+
+
 class Decisions(Section):
     """The run's derived decisions: what each ablation switch and the algorithm choice amount to. The trainer,
     the config warnings, the diagnostics and the ablation all read these, never re-derive them."""
@@ -302,6 +310,8 @@ class TrainConfig(Section):
     """[provider_rollouts] API-channel samples as extra positives for the positive-example NLL."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """[lora] low-rank adapters instead of full fine-tuning (vapo_engine/config/lora_model.py)."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """[rollout] where responses are sampled (the rollout backend)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
