@@ -9,8 +9,8 @@ next one without a further wait.
 Streaming is real: a `StoppingCriteria` sees each step's new token of every row, turns it into text
 (`rows.RowText`) and sends the deltas to the request's event queue at once; it also ends rows early (their own
 `max_tokens`, a stop string, a client that went away), and the batch stops when every row has ended. Each batch
-is one call of the run's in-process rollout backend (`vapo_engine.rollout.backends.hf.run`), with the same
-sampling settings as the run's rollouts: KV cache, EOS from tokenizer and model, top_k = 0 so only temperature /
+is one call of the in-process Hugging Face rollout backend (`vapo_engine.rollout.backends.hf.run`) with the
+sampling settings of the run's rollouts: KV cache, EOS from tokenizer and model, top_k = 0 so only temperature /
 top_p shape the distribution.
 
 Events sent to a request (`Job.send`, thread-safe): ("delta", index, text), ("finish", index, reason),

@@ -3,7 +3,8 @@
 Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
 (built and cached on first use). The value model is `AutoModelForTokenClassification(num_labels=1)`
 initialised from the policy weights (or `model.value_path`), so it saves and loads as a plain HF directory.
-This file does not train anything.
+The rollout backend that `[rollout] backend` names (`vapo_engine.rollout.backends`) comes with them
+(`Models.backend`). This file does not train anything.
 """
 from __future__ import annotations
 
