@@ -15,7 +15,8 @@ SESSION_IDLE_S, MAX_SESSIONS = 600.0, 256
 """An MCP session nobody used for 10 minutes is closed; at most this many live at once (the SDK answers the
 next one with an error until one expires)."""
 MAX_CONNECTIONS, KEEP_ALIVE_S = 256, 5
-"""Open connections at once (beyond: 503), and how long an idle keep-alive connection is held."""
+"""Open connections at once (beyond: 503), and how long an idle keep-alive connection is held. A connection
+that does not finish its request headers in time is closed too (vapo_engine/serving/header_timeout.py)."""
 UNAUTHORIZED = b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'
 
 
@@ -68,6 +69,8 @@ def http_app(server, *, host: str, token: str | None, allowed_hosts: list[str] =
 def serve_http(server, *, host: str, port: int, token: str | None, allowed_hosts: list[str] = (),
                log_level: str = "info") -> None:
     import uvicorn
+
+    from vapo_engine.serving.header_timeout import protocol
     app = http_app(server, host=host, token=token, allowed_hosts=allowed_hosts)
     uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=MAX_CONNECTIONS,
-                timeout_keep_alive=KEEP_ALIVE_S)
+                timeout_keep_alive=KEEP_ALIVE_S, http=protocol())

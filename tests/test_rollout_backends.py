@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -34,8 +35,8 @@ class FakeAnswers(RolloutBackend):
     what it answered."""
 
     name = "fake_answers"
-    calls: list[SamplingParams] = []
-    answered: list[list[int]] = []
+    calls: ClassVar[list[SamplingParams]] = []
+    answered: ClassVar[list[list[int]]] = []
 
     def __init__(self, options):
         assert options.backend == "fake_answers"

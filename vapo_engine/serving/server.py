@@ -76,5 +76,6 @@ def run(opts: ServeOptions) -> None:
     port = sock.getsockname()[1]
     shown = f"[{opts.host}]" if ":" in opts.host else opts.host
     print(banner(p, f"http://{shown}:{port}", bool(token)), file=sys.stderr, flush=True)
-    config = uvicorn.Config(p.app, log_level=opts.log_level, server_header=False)
+    from .header_timeout import protocol
+    config = uvicorn.Config(p.app, log_level=opts.log_level, server_header=False, http=protocol())
     uvicorn.Server(config).run(sockets=[sock])
