@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from vapo_engine.rollout.backends.hf import generation_defaults
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 """Ids 0..3 in this order."""
@@ -58,7 +60,7 @@ def make_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(make_config(tokenizer, hidden=hidden, layers=layers, heads=heads))
-    model.generation_config = GenerationConfig(
+    model.generation_config = generation_defaults(
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )

@@ -252,6 +252,16 @@ class LoggingConfig(Section):
         return self
 
 
+class RolloutConfig(Section):
+    """Where responses are sampled: the rollout backend (vapo_engine/rollout/backends/)."""
+
+    backend: str = Field("hf", pattern=r"^[a-z][a-z0-9_]*$")
+    """Where rollouts and evaluations are sampled: hf = in the trainer's process with Hugging Face generate, from
+    the policy being trained (the only built-in backend). Another name must be a registered rollout backend
+    (vapo_engine/rollout/backends/); an unknown name stops the run before any weights load, listing the known
+    ones."""
+
+
 class Decisions(Section):
     """The run's derived decisions: what each ablation switch and the algorithm choice amount to. The trainer,
     the config warnings, the diagnostics and the ablation all read these, never re-derive them."""
@@ -331,6 +341,8 @@ class TrainConfig(Section):
     """[lora] low-rank adapters instead of full fine-tuning (vapo_engine/config/lora_model.py)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """[logging] where metric records go (metrics.jsonl, TensorBoard, the worker log)."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """[rollout] where responses are sampled (the rollout backend)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:

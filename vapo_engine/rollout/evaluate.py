@@ -14,7 +14,7 @@ import torch
 from vapo_engine.metrics import accuracies
 from vapo_engine.prompts import PromptFormat
 
-from .generate import generate, response_lengths
+from .generate import generate, response_lengths, sample
 
 
 def scores(policy, tokenizer, task, problems, *, max_new_tokens: int, greedy: bool = True,
@@ -24,7 +24,17 @@ def scores(policy, tokenizer, task, problems, *, max_new_tokens: int, greedy: bo
     gen = generate(policy, tokenizer, [p.prompt for p in problems], max_new_tokens=max_new_tokens,
                    temperature=temperature, top_p=top_p, do_sample=not greedy, batch_size=batch_size,
                    prompt_format=prompt_format)
-    return [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], gen
+    return _rewards(task, problems, gen), gen
+
+
+def _rewards(task, problems, gen) -> list[float]:
+    return [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)]
+
+
+def _run_scores(models, task, problems, *, greedy: bool = True, **how):
+    """`scores` of `models.policy`, sampled by the run's rollout backend (`models.backend`)."""
+    gen = sample(models, [p.prompt for p in problems], do_sample=not greedy, **how)
+    return _rewards(task, problems, gen), gen
 
 
 @dataclass(frozen=True)
@@ -49,13 +59,10 @@ def evaluate(models, task, *, num_problems: int, samples_per_problem: int, max_n
     rewards, lengths = _scored(models, task, problems, split, common)
     out = accuracies("greedy", task, problems, rewards)
     out["eval/response_length"] = sum(lengths) / len(lengths)
-    if samples_per_problem > 0 and temperature > 0:
-        devices = [models.device] if models.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed + (split.rank if split else 0))
-            many = [p for p in problems for _ in range(samples_per_problem)]
-            rewards, _ = _scored(models, task, many, split, common, greedy=False, temperature=temperature,
-                                 top_p=top_p)
+    if samples_per_problem > 0 and temperature > 0:  # seeded apart: the caller's random stream is untouched
+        many = [p for p in problems for _ in range(samples_per_problem)]
+        rewards, _ = _scored(models, task, many, split, common, greedy=False, temperature=temperature,
+                             top_p=top_p, seed=seed + (split.rank if split else 0))
         out |= accuracies("sampled", task, many, rewards)
     return out
 
@@ -64,13 +71,13 @@ def _scored(models, task, problems, split: Split | None, common: dict, **how) ->
     """(rewards, response lengths) of every problem; with `split`, this rank scores an equal slice (the list
     padded with copies of the first problem so every rank runs the same batches) and the ranks' parts are summed."""
     if split is None:
-        rewards, gen = scores(models.policy, models.tokenizer, task, problems, **common, **how)
+        rewards, gen = _run_scores(models, task, problems, **common, **how)
         return rewards, response_lengths(gen.response_mask).float().tolist()
     n = len(problems)
     per = -(-n // split.size)
     padded = problems + [problems[0]] * (per * split.size - n)
     lo = split.rank * per
-    rewards, gen = scores(models.policy, models.tokenizer, task, padded[lo:lo + per], **common, **how)
+    rewards, gen = _run_scores(models, task, padded[lo:lo + per], **common, **how)
     full = torch.zeros(2, per * split.size, dtype=torch.float64)
     full[0, lo:lo + per] = torch.tensor(rewards, dtype=torch.float64)
     full[1, lo:lo + per] = response_lengths(gen.response_mask).double().cpu()

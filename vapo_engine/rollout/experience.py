@@ -23,7 +23,7 @@ import torch
 from vapo_engine.algo import entropy_from_logits, log_probs_from_logits
 from vapo_engine.prompts import PromptFormat
 
-from .generate import generate, response_lengths
+from .generate import response_lengths, sample
 
 
 @dataclass
@@ -139,14 +139,14 @@ def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
                    do_sample: bool = True, prompt_format: PromptFormat | None = None,
                    with_sampler_log_probs: bool = False) -> Rollout:
-    """Generate one response per problem (repeat problems for groups) and score them with the task; the
-    prompts are encoded in `prompt_format` (None = plain). `with_sampler_log_probs` keeps the sampler's own
-    log-probs of the drawn tokens (`Rollout.sampler_log_probs`)."""
+    """Generate one response per problem (repeat problems for groups) with the run's rollout backend
+    (`models.backend`) and score them with the task; the prompts are encoded in `prompt_format` (None =
+    plain). `with_sampler_log_probs` keeps the sampler's own log-probs of the drawn tokens
+    (`Rollout.sampler_log_probs`)."""
     t0 = time.perf_counter()
-    gen = generate(models.policy, models.tokenizer, [p.prompt for p in problems],
-                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
-                   with_log_probs=with_sampler_log_probs)
+    gen = sample(models, [p.prompt for p in problems], max_new_tokens=max_new_tokens, temperature=temperature,
+                 top_p=top_p, do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
+                 with_log_probs=with_sampler_log_probs)
     dev = models.device
     scores = torch.tensor([task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], dtype=torch.float32)
     resp_mask = gen.response_mask.float()

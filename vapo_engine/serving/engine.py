@@ -8,9 +8,10 @@ next one without a further wait.
 
 Streaming is real: a `StoppingCriteria` sees each step's new token of every row, turns it into text
 (`rows.RowText`) and sends the deltas to the request's event queue at once; it also ends rows early (their own
-`max_tokens`, a stop string, a client that went away), and the batch stops when every row has ended. Greedy
-and sampled decoding use the same generation settings as the run's rollouts (`vapo_engine.rollout.generate`:
-KV cache, EOS from tokenizer and model, top_k = 0 so only temperature / top_p shape the distribution).
+`max_tokens`, a stop string, a client that went away), and the batch stops when every row has ended. Each batch
+is one call of the in-process Hugging Face rollout backend (`vapo_engine.rollout.backends.hf.run`) with the
+sampling settings of the run's rollouts: KV cache, EOS from tokenizer and model, top_k = 0 so only temperature /
+top_p shape the distribution.
 
 Events sent to a request (`Job.send`, thread-safe): ("delta", index, text), ("finish", index, reason),
 ("done", completion_tokens), ("error", message).
@@ -25,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from vapo_engine.rollout.backends import SamplingParams
+from vapo_engine.rollout.backends.hf import run
 
 from .model import ServedModel
 from .rows import RowText
@@ -58,14 +62,6 @@ class Job:
             self.emit(event)
         except RuntimeError:  # the request's event loop is gone (server shutting down)
             self.cancelled = True
-
-
-def generation_config(max_new: int, temperature: float, top_p: float, pad: int,
-                      eos: list[int]) -> GenerationConfig:
-    """The rollouts' settings (vapo_engine.rollout.generate): greedy at temperature 0, else pure sampling."""
-    sampling = {} if temperature == 0 else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
-    return GenerationConfig(max_new_tokens=max_new, do_sample=temperature != 0, use_cache=True, pad_token_id=pad,
-                            eos_token_id=eos if len(eos) > 1 else eos[0], **sampling)
 
 
 class _Rows(StoppingCriteria):
@@ -199,14 +195,8 @@ class Engine:
     @torch.inference_mode()
     def _generate(self, rows: list[tuple[Job, int, RowText]]) -> None:
         m, first = self.m, rows[0][0]
-        prompts = [job.prompt_ids for job, _, _ in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(rows), width), m.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, p in enumerate(prompts):  # left padding, as the run's rollouts and evaluation pad
-            ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[r, width - len(p):] = 1
-        config = generation_config(max(job.max_tokens for job, _, _ in rows), first.temperature, first.top_p,
-                                   m.pad_id, m.eos_ids)
-        m.model.generate(input_ids=ids.to(m.device), attention_mask=mask.to(m.device), generation_config=config,
-                         stopping_criteria=StoppingCriteriaList([_Rows(rows)]))
+        params = SamplingParams(max_new_tokens=max(job.max_tokens for job, _, _ in rows),
+                                stop_token_ids=tuple(m.eos_ids), pad_token_id=m.pad_id,
+                                temperature=first.temperature, top_p=first.top_p)
+        run(m.model, [job.prompt_ids for job, _, _ in rows], params,
+            stopping_criteria=StoppingCriteriaList([_Rows(rows)]))

@@ -6,7 +6,7 @@ Loading is the run's own way, made safe for a network service: the tokenizer thr
 character tokenizer as BPE), the weights with `AutoModelForCausalLM` from safetensors only
 (`use_safetensors=True`: no pickle is ever loaded) and without `trust_remote_code`. The checkpoint's own
 `generation_config` is replaced by an empty one, so only the request's temperature / top_p apply, exactly as
-in the run's rollouts and evaluation (`vapo_engine.rollout.generate`).
+in the run's rollouts and evaluation (`vapo_engine.rollout.backends.hf`, which the engine calls).
 
 Prompt: the tokenizer's chat template when it has one (`add_generation_prompt=True`); otherwise the last user
 message's content as-is, tokenized like the run's evaluation tokenizes a task prompt (the built-in model has
@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from vapo_engine.errors import UserError
+from vapo_engine.rollout.backends.hf import generation_defaults
 from vapo_engine.rollout.generate import special_ids
 from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer
 
@@ -129,7 +130,7 @@ def load_served_model(model_dir: str | Path, name: str, *, device: str = "auto",
                              "policy/ folder is one)") from None
     model.to(dev).eval().requires_grad_(False)
     pad, eos = special_ids(model, tok)  # before the checkpoint's generation_config (it may name EOS ids) goes
-    model.generation_config = GenerationConfig()
+    model.generation_config = generation_defaults()
     limits = [v for v in (getattr(model.config, "max_position_embeddings", None),
                           getattr(tok, "model_max_length", None)) if isinstance(v, int) and 0 < v < 10**8]
     return ServedModel(model, tok, name, dev, pad, eos, min(limits) if limits else 4096, str(path),

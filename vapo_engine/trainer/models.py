@@ -3,12 +3,13 @@
 Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
 (built and cached on first use). The value model is `AutoModelForTokenClassification(num_labels=1)`
 initialised from the policy weights (or `model.value_path`), so it saves and loads as a plain HF directory.
-This file does not train anything.
+The rollout backend that `[rollout] backend` names (`vapo_engine.rollout.backends`) comes with them
+(`Models.backend`). This file does not train anything.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,7 +21,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from vapo_engine.config.train_model import RolloutConfig
 from vapo_engine.errors import UserError
+from vapo_engine.rollout.backends import RolloutBackend, make_backend
 from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer, refuse_remote_code
 
 
@@ -38,6 +41,8 @@ class Models:
     device: torch.device
     autocast_dtype: torch.dtype | None
     source: str
+    backend: RolloutBackend = field(default_factory=lambda: make_backend(RolloutConfig()))
+    """Where rollouts and evaluations are sampled (`[rollout] backend`; default: in process, from `policy`)."""
 
     def autocast(self):
         """bf16/fp16 autocast context where configured, else a no-op."""
@@ -81,9 +86,11 @@ def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:a
 
 def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
                 reference_path: str | Path | None, device: torch.device,
-                autocast_dtype: torch.dtype | None) -> Models:
+                autocast_dtype: torch.dtype | None, rollout: RolloutConfig | None = None) -> Models:
     """Load tokenizer + policy from `path`, the value model from `value_path` (default `path`) when needed,
-    and a frozen reference from `reference_path` when given, all onto `device`."""
+    and a frozen reference from `reference_path` when given, all onto `device`; the rollout backend that
+    `rollout` names (default: the in-process "hf")."""
+    backend = make_backend(rollout or RolloutConfig())  # an unknown name fails before any weights load
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
@@ -101,7 +108,7 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
             m.to(device).eval()
     if ref is not None:
         ref.requires_grad_(False)
-    return Models(policy, value, ref, tok, device, autocast_dtype, str(path))
+    return Models(policy, value, ref, tok, device, autocast_dtype, str(path), backend)
 
 
 def _load_reference(path: str | Path) -> PreTrainedModel:

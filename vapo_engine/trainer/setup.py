@@ -151,7 +151,7 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
     models = load_models(ckpt / "policy" if ckpt and not lora else base, value_path=value_src,
                          need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
                          device=torch.device("cpu") if sharded else device,
-                         autocast_dtype=pick_autocast(cfg.model.dtype, device))
+                         autocast_dtype=pick_autocast(cfg.model.dtype, device), rollout=cfg.rollout)
     apply_memory_options(models, cfg)  # before sharding / adapters: checkpointing on the HF decoder layers
     if sharded:  # every rank loaded the same files (a fresh value head is zero): shard, shards go to `device`
         models.device = device
