@@ -67,7 +67,7 @@ def test_check_and_smoke_pass_against_a_served_model(tmp_path, channel_files, ca
         assert code == 1 and "wrong answer" in out  # the smoke test can fail against it too
 
 
-NOT_CACHED = "built-in addition model not cached (first build takes minutes; any training run builds it)"
+NOT_CACHED = "built-in addition model's recipe changed and not rebuilt (vapo-mcp build-model builtin:addition)"
 
 
 @pytest.mark.skipif(cached_addition_model() is None, reason=NOT_CACHED)
