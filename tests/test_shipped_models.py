@@ -71,8 +71,18 @@ def test_runs_use_the_shipped_folders_without_building(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing built, nothing cached
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread: a 1M-parameter model gains nothing from more, and a loaded machine costs them dearly."""
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("name", SHIPPED)
-def test_shipped_model_loads_and_scores_in_its_recorded_band(name):
+def test_shipped_model_loads_and_scores_in_its_recorded_band(name, one_thread):
     from transformers import AutoModelForCausalLM
 
     folder, recipe = shipped_folder(RECIPES[name]), RECIPES[name]
