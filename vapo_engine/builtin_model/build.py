@@ -2,9 +2,10 @@
 
 `builtin_model_dir(task)` returns the model directory for a built-in training task: the folder shipped with the
 package (`shipped.py`) while it was built from the current recipe, else a build of the recipe under
-`$VAPO_MCP_CACHE` or `~/.cache/vapo-mcp`, built the first time (or again with `rebuild=True`). Builds go to a temporary folder with a done-marker written
-last and are `os.replace`d into place under a lock, so a killed build never leaves a half directory and two
-concurrent builders cannot corrupt the cache. Each task has its own recipe (`RECIPES`): model size, the SFT
+`$VAPO_MCP_CACHE` or `~/.cache/vapo-mcp`, built the first time (or again with `rebuild=True`). Builds go to a
+temporary folder with a done-marker (carrying the recipe hash) written last and are `os.replace`d into place
+under a lock, so a killed build never leaves a half directory and two concurrent builders cannot corrupt the
+cache. Each task has its own recipe (`RECIPES`): model size, the SFT
 sampling of problems, the stopping band.
 """
 from __future__ import annotations
@@ -196,7 +197,7 @@ def _cached_build(root: Path, recipe: BuildRecipe, log: Callable[[str], None], r
             shutil.rmtree(stale, ignore_errors=True)  # leftovers of a killed build: we hold the lock
         tmp = root / f".tmp-{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"  # '.': no other recipe matches
         tmp.mkdir()
-        log(f"building the built-in tiny model in {final} (first use only) ...")
+        log(f"building the built-in tiny model in {final} (no shipped model of this recipe, or a rebuild) ...")
         try:
             with _torch_threads(recipe.num_threads):
                 metrics = _build_into(tmp, recipe, log, start)
