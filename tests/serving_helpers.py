@@ -75,11 +75,10 @@ def sse_events(response: httpx.Response) -> list:
 
 
 def cached_addition_model() -> Path | None:
-    """The cached, warm-started built-in addition model (~67% greedy), or None where it has not been built
-    (CI: building it takes minutes; any training run or bench script builds it)."""
-    from vapo_engine.builtin_model import BuildRecipe, cache_root, is_complete
-    folder = cache_root() / BuildRecipe().folder_name()
-    return folder if is_complete(folder) else None
+    """The warm-started built-in addition model (~67% greedy): the one shipped with the package, else a cache
+    build of its recipe; None only where its recipe was changed and not rebuilt yet (building takes minutes)."""
+    from vapo_engine.builtin_model import ready_model_dir
+    return ready_model_dir(task="builtin:addition")
 
 
 def memorised_model_dir(out: Path, prompt: str, answer: str, steps: int = 80) -> Path:

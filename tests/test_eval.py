@@ -53,7 +53,7 @@ def test_local_and_served_greedy_accuracy_agree_tiny(eval_files, model_dir, monk
     assert set(local.metrics) == set(remote.metrics)  # the run's eval/* names on both sides
 
 
-@pytest.mark.skipif(cached_addition_model() is None, reason="built-in addition model not cached")
+@pytest.mark.skipif(cached_addition_model() is None, reason="built-in addition model's recipe changed, not rebuilt")
 def test_local_and_served_greedy_accuracy_agree_on_the_addition_model(eval_files, monkeypatch, capsys):
     import tools.evaluate as ev
     model = cached_addition_model()

@@ -1,6 +1,6 @@
 """Every channel tool works against a served checkpoint unchanged (SPEC §8): `vapo-mcp check` gets 200s and
 `vapo-mcp smoke --prompt --expect` passes, streaming and not — with a tiny model that memorised one answer
-(CI), and with the cached built-in addition model on a real held-out-style prompt (skipped when not cached).
+(CI), and with the shipped built-in addition model on a real held-out-style prompt (it ships: no skip in CI).
 Also: `serve-model RUN_ID` resolves the run's newest (or `--step`) checkpoint through the registry."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_check_and_smoke_pass_against_a_served_model(tmp_path, channel_files, ca
         assert code == 1 and "wrong answer" in out  # the smoke test can fail against it too
 
 
-NOT_CACHED = "built-in addition model not cached (first build takes minutes; any training run builds it)"
+NOT_CACHED = "built-in addition model's recipe changed and not rebuilt (vapo-mcp build-model builtin:addition)"
 
 
 @pytest.mark.skipif(cached_addition_model() is None, reason=NOT_CACHED)

@@ -3,8 +3,8 @@
 Each module in `COMMANDS` exposes `register(subparsers)` adding its subcommands; each subcommand sets
 `func(args) -> int` (the exit code). User mistakes raise a `vapo_engine.errors.UserError` (ConfigError,
 TaskError, RunError, the CLI's own UserError, …: the one error contract the MCP server uses too) and are
-printed without a traceback, exit 2. Torch is imported only by commands that train or serve a model
-(`serve-model`); `eval` runs local models in a worker process.
+printed without a traceback, exit 2. Torch is imported only by commands that train, build or serve a model
+(`build-model`, `serve-model`); `eval` runs local models in a worker process.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import sys
 from .common import report_error
 
 COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.runs_cmd",
-            "server.cli.channel_cmd", "server.cli.serve_model_cmd", "server.cli.eval_cmd", "server.cli.data_cmd"]
+            "server.cli.channel_cmd", "server.cli.serve_model_cmd", "server.cli.eval_cmd", "server.cli.data_cmd",
+            "server.cli.build_model_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

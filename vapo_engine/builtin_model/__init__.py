@@ -1,13 +1,16 @@
 """The built-in tiny models of the CPU demos: the model and tokenizer (`model`), the supervised warm-start
-(`sft`), the recipes by name (`recipes`, torch-free) and the cached builds (`build`). Worker-side (torch) except
-`recipes`; the RL recipe in `vapo_engine.trainer` only asks for a directory (`builtin_model_dir`). Names resolve
-lazily, so `from vapo_engine.builtin_model.recipes import RECIPES` does not import torch."""
+(`sft`), the recipes by name (`recipes`, torch-free), the models shipped with the package (`shipped`, torch-free)
+and the cached builds (`build`). Worker-side (torch) otherwise; the RL recipe in `vapo_engine.trainer` only asks
+for a directory (`builtin_model_dir`). Names resolve lazily, so `from vapo_engine.builtin_model.recipes import
+RECIPES` does not import torch."""
 from __future__ import annotations
 
 import importlib
 
 _WHERE = {"BUILTIN_VERSION": "recipes", "RECIPES": "recipes", "BuildRecipe": "recipes", "Phase": "recipes",
           "DONE_MARKER": "build", "builtin_model_dir": "build", "cache_root": "build", "is_complete": "build",
+          "is_current": "build", "ready_model_dir": "build",
+          "SHIPPED_ROOT": "shipped", "shipped_folder": "shipped", "shipped_names": "shipped",
           "build_tokenizer": "model", "make_config": "model", "make_model": "model", "make_model_dir": "model"}
 
 __all__ = sorted(_WHERE)

@@ -1,9 +1,11 @@
-"""The cached, SFT-warm-started built-in models that the CPU demos train, one per built-in task.
+"""The SFT-warm-started built-in models that the CPU demos train, one per built-in task: shipped, or built.
 
-`builtin_model_dir(task)` returns the model directory for a built-in training task, building it the first
-time under `$VAPO_MCP_CACHE` or `~/.cache/vapo-mcp`. Builds go to a temporary folder with a done-marker written
-last and are `os.replace`d into place under a lock, so a killed build never leaves a half directory and two
-concurrent builders cannot corrupt the cache. Each task has its own recipe (`RECIPES`): model size, the SFT
+`builtin_model_dir(task)` returns the model directory for a built-in training task: the folder shipped with the
+package (`shipped.py`) while it was built from the current recipe, else a build of the recipe under
+`$VAPO_MCP_CACHE` or `~/.cache/vapo-mcp`, built the first time (or again with `rebuild=True`). Builds go to a
+temporary folder with a done-marker (carrying the recipe hash) written last and are `os.replace`d into place
+under a lock, so a killed build never leaves a half directory and two concurrent builders cannot corrupt the
+cache. Each task has its own recipe (`RECIPES`): model size, the SFT
 sampling of problems, the stopping band.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from .model import build_tokenizer, make_model
 from .recipes import RECIPES, BuildRecipe, Phase
+from .shipped import RECIPE_FILE, read_json, recipe_record, shipped_folder
 
 DONE_MARKER = "BUILD_COMPLETE.json"
 """Written last inside a finished build; a folder without it is ignored and rebuilt."""
@@ -38,6 +41,15 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 def is_complete(model_dir: str | Path) -> bool:
     """True when `model_dir` holds a finished build (its done-marker exists)."""
     return (Path(model_dir) / DONE_MARKER).is_file()
+
+
+def is_current(model_dir: str | Path, recipe: BuildRecipe) -> bool:
+    """True when `model_dir` holds a finished build of `recipe`: its done-marker exists and the recipe hash
+    in it (builds older than the hash have none: accepted) is `recipe`'s."""
+    marker = read_json(Path(model_dir) / DONE_MARKER)
+    if marker is None:
+        return is_complete(model_dir)
+    return marker.get("recipe_hash", recipe.recipe_hash()) == recipe.recipe_hash()
 
 
 @contextlib.contextmanager
@@ -113,7 +125,10 @@ def _build_into(tmp: Path, recipe: BuildRecipe, log: Callable[[str], None], star
                    version=recipe.version, torch_threads=torch.get_num_threads())
     metrics |= {k.replace("eval/greedy_accuracy", "heldout_greedy_acc"): v for k, v in by_bucket.items()}
     (tmp / "sft_metrics.json").write_text(json.dumps(metrics, indent=2))
-    (tmp / DONE_MARKER).write_text(json.dumps({"version": recipe.version, "time": time.time()}))
+    name = next((k for k, v in RECIPES.items() if v.recipe_hash() == recipe.recipe_hash()), recipe.task)
+    (tmp / RECIPE_FILE).write_text(json.dumps(recipe_record(name, recipe), indent=2))
+    (tmp / DONE_MARKER).write_text(json.dumps({"version": recipe.version, "time": time.time(),
+                                               "recipe_hash": recipe.recipe_hash()}))
     return metrics
 
 
@@ -142,32 +157,47 @@ def _phases_1_2(model, tokenizer, task, recipe: BuildRecipe, common: dict, log: 
 
 
 def builtin_model_dir(cache_dir: str | Path | None = None, *, task: str = "builtin:addition",
-                      log: Callable[[str], None] = print, **sft_kwargs) -> Path:
-    """The cached SFT-warm-started tiny model directory of a built-in `task`, built the first time (minutes on
-    2 CPU cores; see README for the measured times).
+                      log: Callable[[str], None] = print, rebuild: bool = False, **sft_kwargs) -> Path:
+    """The SFT-warm-started tiny model directory of a built-in `task` (a RECIPES name): the shipped folder
+    when it was built from the current recipe (read it, never write into it), else the cached build under
+    `cache_dir`, built the first time (minutes on 2 CPU cores) or again when `rebuild`.
 
     `sft_kwargs` override fields of the task's recipe (e.g. `max_steps=5, hidden=16` in tests); a non-default
-    recipe is cached in its own folder. Unfinished folders (no done-marker) are ignored and rebuilt.
+    recipe is cached in its own folder. Unfinished folders (no done-marker) and builds of another recipe (another
+    recipe hash in the done-marker) are ignored and rebuilt.
     """
     recipe = dataclasses.replace(RECIPES.get(task) or BuildRecipe(task=task), **sft_kwargs)
-    return _cached_build(cache_root(cache_dir), recipe, log)
+    shipped = None if rebuild else shipped_folder(recipe)
+    return shipped or _cached_build(cache_root(cache_dir), recipe, log, rebuild)
 
 
-def _cached_build(root: Path, recipe: BuildRecipe, log: Callable[[str], None]) -> Path:
-    """The finished folder of `recipe` under `root`, building it (and first its `start` model) when missing."""
+def ready_model_dir(cache_dir: str | Path | None = None, *, task: str = "builtin:addition") -> Path | None:
+    """The folder `builtin_model_dir(task=task)` returns without building anything (the shipped folder, else a
+    current cache build), or None where that call would build."""
+    recipe = RECIPES.get(task) or BuildRecipe(task=task)
+    cached = cache_root(cache_dir) / recipe.folder_name()
+    return shipped_folder(recipe) or (cached if is_current(cached, recipe) else None)
+
+
+def _cached_build(root: Path, recipe: BuildRecipe, log: Callable[[str], None], rebuild: bool = False) -> Path:
+    """The finished folder of `recipe` under `root`, building it when missing, stale or `rebuild`; its `start`
+    model is the shipped one when that matches its recipe, else built (once) in the cache first."""
     final = root / recipe.folder_name()
-    if is_complete(final):
+    if not rebuild and is_current(final, recipe):
         return final
-    start = _cached_build(root, RECIPES[recipe.start], log) if recipe.start else None
+    start = None
+    if recipe.start:
+        start_recipe = RECIPES[recipe.start]
+        start = shipped_folder(start_recipe) or _cached_build(root, start_recipe, log)
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root / f"{final.name}.lock"):
-        if is_complete(final):  # another process finished while we waited
+        if not rebuild and is_current(final, recipe):  # another process finished while we waited
             return final
         for stale in [final, *root.glob(f".tmp-{final.name}.*")]:
             shutil.rmtree(stale, ignore_errors=True)  # leftovers of a killed build: we hold the lock
         tmp = root / f".tmp-{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"  # '.': no other recipe matches
         tmp.mkdir()
-        log(f"building the built-in tiny model in {final} (first use only) ...")
+        log(f"building the built-in tiny model in {final} (no shipped model of this recipe, or a rebuild) ...")
         try:
             with _torch_threads(recipe.num_threads):
                 metrics = _build_into(tmp, recipe, log, start)

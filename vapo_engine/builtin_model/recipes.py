@@ -82,6 +82,18 @@ class BuildRecipe:
             return name
         return name + "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
+    def identity(self) -> dict:
+        """What determines the built model: every field but `num_threads`, and the start model's hash (a
+        changed start changes every model built on it)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "num_threads"}
+        return fields | ({"start_hash": RECIPES[self.start].recipe_hash()} if self.start else {})
+
+    def recipe_hash(self) -> str:
+        """sha256 of `identity()` as canonical JSON (sorted keys, no spaces): recorded in every build and beside
+        every shipped model, so a folder built from another recipe is never taken for this one."""
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
 
 _CHAIN_V1 = BuildRecipe(task="builtin:chain", max_steps=3000, eval_every=100, val_size=96, target_greedy=(0.95, 1.0),
                         val_buckets=("short",), report_size=140, length_buckets=True, phase2_max_steps=3000,
