@@ -2,7 +2,7 @@
 record its recipe hash and held-out band there. For maintainers, after changing a recipe:
 
     .venv/bin/vapo-mcp build-model builtin:chain           # build it into the cache (minutes)
-    .venv/bin/python scripts/ship_builtin_model.py builtin:chain [--from DIR] [--tolerance 0.03]
+    .venv/bin/python -m scripts.ship_builtin_model builtin:chain [--from DIR] [--tolerance 0.03]
 
 The build must be of the current recipe (its recorded recipe matches, num_threads aside). The band is the greedy
 accuracy of the shipped weights, overall and per difficulty bucket, measured here once, +- `--tolerance` (a
@@ -18,8 +18,6 @@ import json
 import shutil
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vapo_engine.builtin_model.build import DONE_MARKER, cache_root
 from vapo_engine.builtin_model.recipes import RECIPES

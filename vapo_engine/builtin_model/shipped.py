@@ -18,7 +18,7 @@ SHIPPED_ROOT = Path(__file__).resolve().with_name("shipped")
 """The package folder that holds one folder per shipped model, named like its cache folder."""
 RECIPE_FILE = "recipe.json"
 BAND_FILE = "heldout_band.json"
-BAND_COMMAND = ".venv/bin/python scripts/ship_builtin_model.py {name}"
+BAND_COMMAND = ".venv/bin/python -m scripts.ship_builtin_model {name}"
 """The command that copies a cached build into `shipped/` and measures its band (recorded in BAND_FILE)."""
 
 
