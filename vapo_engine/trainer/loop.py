@@ -1,17 +1,16 @@
 """The VAPO training recipe, top to bottom (SPEC §3, §5):
 
   0. evaluate the starting policy on the held-out set
-  1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1),
-     until `value_pretrain_steps` rounds or a plateau of the held-out explained variance (critic.plateaued)
-  2. per rollout step: sample prompts × group_size → reward → old log-probs / values → decoupled,
-     length-adaptive GAE → mini-batch updates (Clip-Higher token-level PG + positive NLL with replay + value
-     loss) → log → evaluate / checkpoint on their intervals
+  1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1)
+  2. per rollout step: sample prompts × group_size → reward → old log-probs / values → decoupled, length-adaptive
+     GAE → mini-batch updates (Clip-Higher token-level PG + positive NLL with replay + value loss) → log →
+     evaluate / checkpoint on their intervals
   3. final evaluation, checkpoint and summary.json
 
-How the processes of a distributed run work together (saving, evaluation, the stop vote, lock-step, how each
-metric combines over ranks) is `tr.parallel`'s (parallel.py), so this file reads the same for one process, ddp
-and fsdp. `stop_after` (tests) ends the loop after that many policy steps as if the worker were killed (no extra
-checkpoint). `should_stop()` is polled between rollout steps for a graceful stop (checkpoint, then exit).
+How the processes work together (saving, evaluation, stop vote, lock-step, combining metrics over ranks) is
+`tr.parallel`'s (parallel.py): this file reads the same for one process, ddp and fsdp. `stop_after` (tests)
+ends the loop after that many policy steps as if the worker were killed (no extra checkpoint); `should_stop()`
+is polled between rollout steps for a graceful stop (checkpoint, then exit).
 """
 from __future__ import annotations
 
@@ -75,19 +74,15 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
 
 
 def pretrain_value(tr: Trainer, on_record, should_stop: Callable[[], bool] | None = None) -> bool:
-    """Value-pretraining rounds until done (see `pretraining_done`); with `should_stop`, every rank votes after
-    each round and all stop together. Returns whether they stopped."""
-    while not pretraining_done(tr):
+    """Value-pretraining rounds (with a critic) until `value_pretrain_steps` or a plateau; with `should_stop`,
+    every rank votes after each round and all stop together. Returns whether they stopped."""
+    v = tr.cfg.decisions
+    while tr.uses_critic and tr.pretrain_step < v.value_pretrain_steps and tr.history.pretrain_stopped_at is None:
         metrics = value_pretrain_round(tr)
         on_record(tr.logger.log(tr.pretrain_step, "pretrain", metrics))
         if should_stop is not None and tr.parallel.stop_vote(should_stop()):
             return True
     return False
-
-
-def pretraining_done(tr: Trainer) -> bool:
-    return (not tr.uses_critic or tr.pretrain_step >= tr.cfg.decisions.value_pretrain_steps
-            or tr.history.pretrain_stopped_at is not None)
 
 
 def value_pretrain_round(tr: Trainer) -> dict[str, float]:
@@ -143,8 +138,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
                 "actor/lr": tr.sched_actor.get_last_lr()[0],
                 "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
                 "perf/update_samples_per_s": len(updates) * mini_size / max(t2 - t1, 1e-9)}
-    if tr.sched_critic is not None:
-        metrics["critic/lr"] = tr.sched_critic.get_last_lr()[0]
+    metrics |= {"critic/lr": tr.sched_critic.get_last_lr()[0]} if tr.sched_critic is not None else {}
     return tr.parallel.combine(metrics | tr.provider.metrics())
 
 
@@ -197,8 +191,7 @@ def policy_update(tr: Trainer, mini: Rollout) -> dict[str, float]:
 def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float]:
     """Per-sample numbers are means of this rank's share; the token means (entropy, value and return means)
     are global already (`reduce_sum`), because ranks hold different numbers of tokens."""
-    lengths = ro.lengths.float()
-    groups = ro.scores.view(-1, group_size)
+    lengths, groups = ro.lengths.float(), ro.scores.view(-1, group_size)
 
     def token_mean(x: torch.Tensor) -> float:  # over the valid tokens of every rank
         s = reduce_sum(torch.stack([(x * ro.response_mask).sum(), ro.response_mask.sum()]).double())
@@ -233,8 +226,8 @@ def save(tr: Trainer) -> None:
 
 
 def value_only(tr: Trainer, run_dir: Path, on_record, should_stop, t0: float, log) -> dict:
-    """`vapo-mcp pretrain-value`: value pretraining alone, then the value model as a reusable HF directory
-    (`<run dir>/value_model`, or run.json's `value_out`) that runs start from with model.value_path."""
+    """`vapo-mcp pretrain-value`: value pretraining alone, then the value model as a HF directory (`<run
+    dir>/value_model` or run.json's `value_out`) that runs start from with model.value_path."""
     status = "stopped" if pretrain_value(tr, on_record, should_stop) else "succeeded"
     out = Path(RunDir(run_dir).meta().get("value_out") or run_dir / "value_model")
     evs = [e for e in tr.history.pretrain_ev if math.isfinite(e)]

@@ -101,7 +101,8 @@ class Parallel:
             out |= {k: float(s / self.size if rules[k] == MEAN else s) for k, s in zip(added, total)}
         top = [k for k in names if rules[k] == MAX]
         if top:
-            out |= dict(zip(top, self.world.max(torch.tensor([metrics[k] for k in top], dtype=torch.float64)).tolist()))
+            largest = self.world.max(torch.tensor([metrics[k] for k in top], dtype=torch.float64))
+            out |= dict(zip(top, largest.tolist()))
         return out
 
     def evaluate(self, run: Callable[[Split | None], dict[str, float]]) -> dict[str, float]:

@@ -142,8 +142,8 @@ def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos
             loss = loss + spec.positive_lm_coef * nll
             shares["actor/positive_nll"] = float(nll.detach())
         if spec.kl_coef > 0 and mb.ref_log_probs is not None:
-            kl = aggregate_loss(kl_penalty(lp, mb.ref_log_probs, "k3", mask=mb.response_mask), mb.response_mask, "token_mean",
-                                global_token_count=n_tok)
+            kl = aggregate_loss(kl_penalty(lp, mb.ref_log_probs, "k3", mask=mb.response_mask), mb.response_mask,
+                                "token_mean", global_token_count=n_tok)
             loss = loss + spec.kl_coef * kl
             shares["actor/kl_ref"] = float(kl.detach())
     loss.backward()
