@@ -76,8 +76,8 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
 def pretrain_value(tr: Trainer, on_record, should_stop: Callable[[], bool] | None = None) -> bool:
     """Value-pretraining rounds (with a critic) until `value_pretrain_steps` or a plateau; with `should_stop`,
     every rank votes after each round and all stop together. Returns whether they stopped."""
-    v = tr.cfg.decisions
-    while tr.uses_critic and tr.pretrain_step < v.value_pretrain_steps and tr.history.pretrain_stopped_at is None:
+    rounds = tr.cfg.decisions.value_pretrain_steps
+    while tr.uses_critic and tr.pretrain_step < rounds and tr.history.pretrain_stopped_at is None:
         metrics = value_pretrain_round(tr)
         on_record(tr.logger.log(tr.pretrain_step, "pretrain", metrics))
         if should_stop is not None and tr.parallel.stop_vote(should_stop()):
