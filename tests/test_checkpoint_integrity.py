@@ -18,7 +18,7 @@ OVER = ["training.total_steps=4", "eval.save_interval=2", "eval.eval_interval=10
 
 
 class _Planted:
-    """Unpickling this runs `touch <marker>`: what an attacker would plant in trainer_state.pt."""
+    """Unpickling this runs `touch <marker>`: what an attacker would plant in a checkpoint (trainer_state.pt)."""
 
     def __init__(self, marker):
         self.marker = str(marker)
@@ -59,23 +59,45 @@ def test_every_checkpoint_file_is_in_the_manifest_and_state_is_not_a_pickle(trai
 
 
 def test_planted_pickle_is_never_executed(trained, tmp_path):
+    from vapo_engine.rundir import write_manifest
     marker = tmp_path / "pwned"
-    ckpt = RunDir(trained).checkpoint(4)
+    newest, older = RunDir(trained).checkpoint(4), RunDir(trained).checkpoint(2)
     # 1) a pickle dropped next to the safe files is ignored
-    torch.save({"opt_actor": _Planted(marker)}, ckpt / "trainer_state.pt")
-    # 2) step 2 rewritten as an old-format checkpoint whose only trainer state is the planted pickle
-    old = RunDir(trained).checkpoint(2)
+    torch.save({"opt_actor": _Planted(marker)}, older / "trainer_state.pt")
+    write_manifest(older, 2)
+    # 2) step 4's only trainer state is the planted pickle, its manifest re-signed (as an attacker with write
+    #    access would): the checkpoint verifies, but there is no trainer state to load, so it is skipped
     for name in ("trainer_state.json", "trainer_state.safetensors"):
-        (old / name).unlink()
-    torch.save({"step": 2, "opt_actor": _Planted(marker)}, old / "trainer_state.pt")
-    (old / "DONE").write_text("2")  # an old-format marker, no manifest: refused before anything is loaded
-    (ckpt / "trainer_state.json").unlink()  # force the loader down to the old checkpoint
+        (newest / name).unlink()
+    torch.save({"step": 4, "opt_actor": _Planted(marker)}, newest / "trainer_state.pt")
+    write_manifest(newest, 4)
+    assert verify_checkpoint(newest) is None and verify_checkpoint(older) is None
     r = _resume(trained)
     assert not marker.exists(), "unpickling the planted trainer_state.pt ran code"
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "step-0000004 (trainer_state.json is missing)" in r.stderr
-    assert "step-0000002 (the DONE manifest is damaged (no file table))" in r.stderr
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("skipped damaged checkpoint(s): step-0000004 (cannot be loaded: StateFormatError: "
+            "trainer_state.json is missing); resumed from step-0000002 instead") in r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_load_state_never_unpickles(tmp_path, monkeypatch):
+    """The state loader reads JSON and safetensors only: with nothing but a pickle there it refuses, and no
+    unpickler (torch.load, pickle) is ever called."""
+    import pickle
+
+    from vapo_engine.trainer.state_io import StateFormatError, load_state, save_state
+    torch.save({"opt_actor": _Planted(tmp_path / "pwned")}, tmp_path / "trainer_state.pt")
+
+    def refuse(*a, **kw):
+        raise AssertionError("an unpickler was called")
+    for obj, name in ((torch, "load"), (pickle, "load"), (pickle, "loads"), (pickle, "Unpickler")):
+        monkeypatch.setattr(obj, name, refuse)
+    with pytest.raises(StateFormatError, match="trainer_state.json is missing"):
+        load_state(tmp_path)
+    save_state({"step": 3, "w": torch.ones(2), "pair": (1, 2)}, tmp_path)
+    st = load_state(tmp_path)
+    assert st["step"] == 3 and st["pair"] == (1, 2) and torch.equal(st["w"], torch.ones(2))
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_damaged_newest_checkpoint_resumes_from_the_previous_one(trained):

@@ -62,13 +62,13 @@ def test_value_pretraining_reduces_value_loss_on_a_fixed_batch(tmp_path, model_d
     from vapo_engine.algo import value_loss
     from vapo_engine.rollout.experience import response_values
     from vapo_engine.trainer.advantages import monte_carlo_returns
-    from vapo_engine.trainer.loop import _collect
+    from vapo_engine.trainer.loop import collect
     from vapo_engine.trainer.setup import build_trainer
     from vapo_engine.trainer.update import update_step
     tr = build_trainer(make_run(tmp_path, model_dir, ["vapo.value_learning_rate=1e-3", "training.warmup_steps=0"]),
                        write=False)
     torch.manual_seed(1)
-    ro = monte_carlo_returns(_collect(tr, "pretrain")[0])
+    ro = monte_carlo_returns(collect(tr, "pretrain", tr.pretrain_step)[0])
     ro.scores[: ro.size // 2] = 1.0  # give the fixed batch a learnable signal: first half "correct"
     from dataclasses import replace
 

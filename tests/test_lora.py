@@ -168,9 +168,8 @@ def test_checkpoint_layout_and_the_merged_policy_directory(trained, model_dir):
 def test_a_lora_value_model_exports_as_a_plain_directory(trained, tmp_path):
     from transformers import AutoModelForTokenClassification
 
-    from vapo_engine.trainer.critic import save_value_model
     tr = _resumed(trained)
-    save_value_model(tr, tmp_path / "value")
+    tr.parallel.save_value_model(tr.models, tmp_path / "value")
     plain = AutoModelForTokenClassification.from_pretrained(tmp_path / "value", dtype=torch.float32).eval()
     ids = tr.models.tokenizer(["12+3="], return_tensors="pt")["input_ids"]
     assert torch.allclose(_logits(plain, ids), _logits(tr.models.value, ids), atol=1e-4)

@@ -106,13 +106,23 @@ def _rollout(models):
                    advantages=noise(), returns=noise(), correct=correct)
 
 
-def _step(models, ro, reduce_max=lambda n: n, **spec):
+def _spec(**kw):
+    """The update of the shipped config (Clip-Higher, token-mean loss), one micro-batch of 8 rows, with `kw`."""
+    from vapo_engine.config import load_config
+    from vapo_engine.trainer.update import UpdateSpec
+    plain = {"dual_clip": None, "positive_lm_coef": 0.0, "kl_coef": 0.0, "value_clip": None, "max_grad_norm": 1.0,
+             "micro_batch": 8, "micro_batch_tokens": None, "gradient_checkpointing": False}
+    return replace(UpdateSpec.of(load_config(ROOT / "config.toml")), **(plain | kw))
+
+
+def _step(models, ro, parallel=None, **spec):
     """One update_step (lr 0, so the weights stay put); (metrics, gradients by parameter name)."""
-    from vapo_engine.trainer.update import UpdateSpec, update_step
+    from vapo_engine.trainer.parallel import ONE_PROCESS
+    from vapo_engine.trainer.update import update_step
     opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.0)
             for m in (models.policy, models.value)]
-    spec = UpdateSpec(positive_lm_coef=0.1, kl_coef=0.05, value_clip=0.2, max_grad_norm=1e6, **spec)
-    metrics = update_step(models, *opts, ro, None, spec, reduce_max=reduce_max)
+    spec = _spec(positive_lm_coef=0.1, kl_coef=0.05, value_clip=0.2, max_grad_norm=1e6, **spec)
+    metrics = update_step(models, *opts, ro, None, spec, parallel=parallel or ONE_PROCESS)
     grads = {f"{k}.{n}": p.grad.clone() for k, m in (("policy", models.policy), ("value", models.value))
              for n, p in m.named_parameters() if p.grad is not None}
     return metrics, grads
@@ -137,15 +147,21 @@ def test_token_budget_split_gives_the_count_split_gradients_and_metrics(model_di
 
 
 def test_token_budget_pads_to_the_count_of_the_busiest_rank(model_dir):
-    """`reduce_max` says another rank needs 6 forward passes: this one runs 6 too, same gradients."""
+    """`max_int` says another rank needs 6 forward passes: this one runs 6 too, same gradients."""
     from vapo_engine.trainer import update
+    from vapo_engine.trainer.parallel import Parallel
+
+    class Busiest(Parallel):
+        def max_int(self, n: int) -> int:
+            seen.append(n)
+            return 6
     models = _models(model_dir)
     ro = _rollout(models)
     seen, sizes = [], []
     real = update.micro_batches
 
-    def spy(mini, spec, reduce_max):
-        for mb in real(mini, spec, reduce_max):
+    def spy(mini, spec, max_count):
+        for mb in real(mini, spec, max_count):
             sizes.append((mb.size, mb.response_mask.shape[1]))
             yield mb
     with pytest.MonkeyPatch.context() as mp:
@@ -153,8 +169,7 @@ def test_token_budget_pads_to_the_count_of_the_busiest_rank(model_dir):
         one = _step(models, ro, micro_batch=8, micro_batch_tokens=10_000)
         assert sizes == [(8, 9)]
         sizes.clear()
-        six = _step(models, ro, micro_batch=8, micro_batch_tokens=10_000,
-                    reduce_max=lambda n: seen.append(n) or 6)
+        six = _step(models, ro, Busiest(), micro_batch=8, micro_batch_tokens=10_000)
     assert seen == [1] and len(sizes) == 6 and sum(n for n, _ in sizes) == 8
     assert max(w for _, w in sizes) == 9 and min(w for _, w in sizes) < 9  # each trimmed to its own longest
     _same(one, six)
@@ -193,11 +208,11 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(model_di
 
 
 def test_checkpointing_needs_prepared_models(model_dir):
-    from vapo_engine.trainer.update import UpdateSpec, update_step
+    from vapo_engine.trainer.update import update_step
     models = _models(model_dir)
     opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (models.policy, models.value)]
     with pytest.raises(RuntimeError, match="apply_memory_options"):
-        update_step(models, *opts, _rollout(models), None, UpdateSpec(gradient_checkpointing=True))
+        update_step(models, *opts, _rollout(models), None, _spec(gradient_checkpointing=True))
 
 
 def test_layers_that_act_differently_in_train_mode_are_refused(model_dir):

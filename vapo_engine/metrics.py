@@ -1,7 +1,7 @@
 """The metric catalogue: every name the trainer logs, with its meaning. Names are an API (DESIGN.md §4).
 
 The trainer writes only names listed here (a test checks it); diagnostics and `report_metrics` read the
-same names. `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line; `latest`
+same names. How each name combines across the ranks of a distributed run is declared here too (`COMBINE`). `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line; `latest`
 reads only its end (what list_runs / run_status show). Torch-free.
 """
 from __future__ import annotations
@@ -9,6 +9,24 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+_PROVIDER: dict[str, str] = {
+    "requests": "HTTP attempts sent to the provider", "ok": "answers received", "failed": "answers that failed",
+    "retries": "retried attempts (429, 5xx, timeouts)", "rate_limited": "429 responses",
+    "dropped": "prompts not queued because the bounded queue was full (never a stalled step)",
+    "skipped": "answers not asked because the provider is down", "results_dropped": "answers dropped unread",
+    "concurrency": "current concurrency limit (halved on repeated 429, grown back on success)",
+    "concurrency_low": "lowest concurrency limit so far", "in_flight_peak": "most requests in flight at once",
+    "latency_p50_s": "median answer latency", "latency_p95_s": "95th-percentile answer latency",
+    "prompt_tokens": "prompt tokens billed", "completion_tokens": "completion tokens billed",
+    "last_retry_after_s": "the last Retry-After honoured", "down": "1 once the provider is no longer used",
+    "sent": "prompts sent (the max_requests budget counts these)",
+    "cache_hits": "prompts answered from the run's cache (a resumed run does not pay twice)",
+    "accuracy": "fraction of provider answers the task's checker accepts",
+    "correct": "provider answers the task's checker accepts",
+    "positives_added": "correct provider answers added to the positive replay buffer",
+    "too_long": "correct provider answers longer than the token cap (not replayed)"}
+"""The provider-samples counters (issue 12; cumulative over the run, rank 0 only)."""
 
 CATALOGUE: dict[str, str] = {
     # actor
@@ -65,22 +83,7 @@ CATALOGUE: dict[str, str] = {
     "vapo/replay_samples": "responses drawn from the positive replay buffer",
     "vapo/replay_size": "entries in the positive replay buffer",
     # provider samples (issue 12; cumulative over the run, rank 0)
-    **{f"provider/{k}": v for k, v in {
-        "requests": "HTTP attempts sent to the provider", "ok": "answers received", "failed": "answers that failed",
-        "retries": "retried attempts (429, 5xx, timeouts)", "rate_limited": "429 responses",
-        "dropped": "prompts not queued because the bounded queue was full (never a stalled step)",
-        "skipped": "answers not asked because the provider is down", "results_dropped": "answers dropped unread",
-        "concurrency": "current concurrency limit (halved on repeated 429, grown back on success)",
-        "concurrency_low": "lowest concurrency limit so far", "in_flight_peak": "most requests in flight at once",
-        "latency_p50_s": "median answer latency", "latency_p95_s": "95th-percentile answer latency",
-        "prompt_tokens": "prompt tokens billed", "completion_tokens": "completion tokens billed",
-        "last_retry_after_s": "the last Retry-After honoured", "down": "1 once the provider is no longer used",
-        "sent": "prompts sent (the max_requests budget counts these)",
-        "cache_hits": "prompts answered from the run's cache (a resumed run does not pay twice)",
-        "accuracy": "fraction of provider answers the task's checker accepts",
-        "correct": "provider answers the task's checker accepts",
-        "positives_added": "correct provider answers added to the positive replay buffer",
-        "too_long": "correct provider answers longer than the token cap (not replayed)"}.items()},
+    **{f"provider/{k}": v for k, v in _PROVIDER.items()},
     "vapo/replay_provider": "provider answers in the positive replay buffer",
     # eval
     "eval/greedy_accuracy": "held-out accuracy with greedy decoding",
@@ -94,6 +97,33 @@ CATALOGUE: dict[str, str] = {
     "perf/update_time_s": "wall time of the updates",
     "perf/update_samples_per_s": "responses processed per second by the updates",
 }
+
+MEAN, SUM, MAX, SAME, MAIN = "mean", "sum", "max", "same", "main"
+"""How a metric combines across the ranks of a data-parallel run (and `max` / `sum` also across the micro-batches
+of one update): `mean` — each rank's value is a mean over its equal share of the batch, averaged over ranks;
+`sum` — each rank's value is its share of a quantity already divided by a global count (a token-mean loss share,
+a count), added over ranks; `max` — the largest over ranks; `same` — computed from all-reduced statistics, so
+every rank already holds the global value (kept as it is); `main` — exists on rank 0 only (kept, not reduced)."""
+
+COMBINE: dict[str, str] = {
+    **{name: SUM for name in ("actor/pg_loss", "actor/positive_nll", "actor/kl_ref", "actor/pg_clipfrac",
+                              "actor/pg_clipfrac_high", "actor/pg_clipfrac_low", "actor/approx_kl",
+                              "critic/value_loss", "critic/vf_clipfrac", "critic/pretrain_value_loss",
+                              "vapo/positive_samples", "vapo/replay_samples")},
+    **{name: MAX for name in ("actor/ratio_max", "rollout/response_length_max")},
+    **{name: SAME for name in ("actor/entropy", "actor/lr", "critic/lr", "critic/value_mean", "critic/return_mean",
+                               "critic/explained_var", "critic/return_var", "critic/explained_var_targets",
+                               "vapo/advantage_mean", "vapo/advantage_std", "rollout/prompts_digest")},
+    **{name: SAME for name in CATALOGUE if name.startswith(("critic/pretrain_ev_", "eval/"))},
+    "critic/pretrain_explained_var": SAME,
+    **{f"provider/{k}": MAIN for k in _PROVIDER},
+}
+"""The names that do not combine by `mean` (the default), each with its rule."""
+
+
+def combine_rule(name: str) -> str:
+    """How metric `name` combines across ranks: one of MEAN, SUM, MAX, SAME, MAIN (see above)."""
+    return COMBINE.get(name, MEAN)
 
 STEP, KIND, TIME = "step", "kind", "time"
 

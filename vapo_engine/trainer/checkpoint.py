@@ -30,11 +30,6 @@ class NoUsableCheckpoint(UserError):
     """Every checkpoint of the run is damaged (or there is none); the message names each and why."""
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    ok, _ = RunDir(run_dir).usable_checkpoints()
-    return ok[0] if ok else None
-
-
 def save_checkpoint(run_dir: Path, step: int, models, trainer_state: dict, keep: int = 2) -> Path:
     """Rank 0 alone (every rank holds the full weights): write, verify-manifest and publish the checkpoint."""
     tmp = new_tmp(run_dir, step, f"{os.getpid()}")

@@ -4,8 +4,8 @@ Under `torchrun` (WORLD_SIZE > 1) every rank samples its own share of prompt gro
 crosses samples is made global here: token/sequence counts of the losses, advantage-whitening moments,
 explained-variance statistics, logged metrics. Gradients are synchronised once per optimizer step by a
 SUM all-reduce (the losses are already divided by the global counts, so the sum is the full-batch
-gradient — what DDP computes), or the models are sharded with FSDP2 `fully_shard`. A single process gets
-the null versions of all of this. Only rank 0 writes metrics, state and checkpoints.
+gradient — what DDP computes). A single process gets the null versions of all of this. What differs between
+one process, ddp and fsdp (saving, evaluation, lock-step, metric combining) is `parallel.Parallel`'s.
 
 Tensor collectives only: object collectives (`broadcast_object_list`, `all_gather_object`, …) unpickle what a
 peer sends, so a process that joined the group could run code here (SPEC §7). Structured data crosses ranks
@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from .fsdp import is_sharded
 
 
 @dataclass(frozen=True)
@@ -56,28 +54,17 @@ class World:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t)
 
-    def reduce_metrics(self, metrics: dict[str, float], how: str = "mean") -> dict[str, float]:
-        """Combine each metric over ranks: "mean" (per-rank means of equal-sized shares) or "sum" (values
-        already divided by a global count, e.g. a token-mean loss share); `*_max` names take the maximum.
-        If the ranks disagree on the names, local values are kept."""
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """All-reduce MAX of a float64 copy of a tensor (identity for one process)."""
         if not self.enabled:
-            return metrics
-        keys = sorted(metrics)
-        local = torch.tensor([[metrics[k], 1.0] for k in keys], dtype=torch.float64)
-        if not self.agree(keys):  # ranks disagree on names: fall back to local values
-            return metrics
-        dist.all_reduce(local, op=dist.ReduceOp.SUM)
-        out = {k: float(s if how == "sum" else s / max(c, 1.0)) for k, (s, c) in zip(keys, local.tolist())}
-        for k in ("actor/ratio_max", "rollout/response_length_max"):
-            if k in metrics:
-                t = torch.tensor([metrics[k]], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                out[k] = float(t)
+            return t
+        out = t.detach().to(torch.float64).clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
         return out
 
     def sync_gradients(self, model: torch.nn.Module) -> None:
         """SUM the gradients of all ranks (one flat all-reduce)."""
-        if not self.enabled or is_sharded(model):  # FSDP2 reduce-scatters (SUM) in the backward itself
+        if not self.enabled:
             return
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads:

@@ -9,10 +9,11 @@
 - Gradients are SUMMED over ranks, not averaged (`set_gradient_divide_factor(1)`): the losses are already
   divided by the global token/sequence counts (update.py), exactly as under DDP, so FSDP2 step == DDP step.
 - Lock-step: every forward of a sharded model is a collective. Generation passes `synced_gpus` (finished ranks
-  keep decoding on padding until every rank is done); callers keep the number of forwards equal on every rank.
+  keep decoding on padding until every rank is done); callers keep the number of forwards equal on every rank
+  (`parallel.Parallel`: evaluation on every rank, the replay pass padded with weight 0).
 - `full_state_dict`: the unsharded weights, gathered on rank 0 (CPU), for the plain HF export.
 
-Loading models, checkpoints and the loop live elsewhere (models.py, sharded_checkpoint.py, loop.py).
+Loading models, checkpoints and the loop live elsewhere (models.py, sharded_checkpoint.py, parallel.py, loop.py).
 """
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ This file does not run the loop.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -22,18 +23,49 @@ from vapo_engine.prompts import describe as describe_prompts
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.sinks import NullLogger, open_sinks
-from vapo_engine.tasks import get_task
+from vapo_engine.tasks import Task, get_task
 
 from .checkpoint import load_newest
 from .distributed import World, init_world
-from .fsdp import is_sharded, load_full_optimizer_state, shard_models
+from .fsdp import load_full_optimizer_state, shard_models
 from .lora import attach_adapters, describe, trainable
 from .memory import apply_memory_options
 from .models import ModelLoadError, Models, load_models, pick_autocast, pick_device, resolve_model_path
-from .provider_samples import NullProviderSamples, provider_samples
+from .parallel import ONE_PROCESS, Parallel
+from .provider_samples import NullProviderSamples, ProviderSamples, provider_samples
 from .replay import ReplayBuffer
 from .sharded_checkpoint import SHARDED, load_sharded
 from .update import UpdateSpec
+
+
+class MetricLog(Protocol):
+    """Where the run's metric records go (rank 0's metrics.jsonl, a null sink on the other ranks)."""
+
+    def log(self, step: int, kind: str, metrics: dict[str, float]) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class History:
+    """What a run remembers besides counters, kept in its checkpoints (the trainer state's `history`)."""
+
+    start_eval: dict[str, float] | None = None
+    """The starting policy's evaluation (None until it ran)."""
+    last_eval: dict[str, float] = field(default_factory=dict)
+    """The latest evaluation (a stopped run's final numbers)."""
+    pretrain_ev: list[float] = field(default_factory=list)
+    """Held-out explained variance of each value-pretraining round (NaN where undefined)."""
+    pretrain_stopped_at: int | None = None
+    """The round at which value pretraining plateaued and stopped early (None: it did not)."""
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_state(cls, st: dict) -> History:
+        return cls(start_eval=st.get("start_eval"), last_eval=st.get("last_eval", {}),
+                   pretrain_ev=list(st.get("pretrain_ev", [])), pretrain_stopped_at=st.get("pretrain_stopped_at"))
 
 
 @dataclass
@@ -45,21 +77,30 @@ class Trainer:
     opt_critic: torch.optim.Optimizer | None
     sched_actor: torch.optim.lr_scheduler.LRScheduler
     sched_critic: torch.optim.lr_scheduler.LRScheduler | None
-    task: object
-    eval_task: object
+    task: Task
+    eval_task: Task
     replay: ReplayBuffer
-    logger: object
     spec: UpdateSpec
-    world: World = field(default_factory=World)
-    provider: object = field(default_factory=NullProviderSamples)
+    parallel: Parallel = ONE_PROCESS
+    """How the processes work together (one process, ddp or fsdp)."""
+    logger: MetricLog = field(default_factory=NullLogger)
+    provider: ProviderSamples | NullProviderSamples = field(default_factory=NullProviderSamples)
     prompts: PromptFormat = PLAIN
     """How the training task's prompts are encoded (rollouts, replayed provider answers)."""
     eval_prompts: PromptFormat = PLAIN
     """How the held-out task's prompts are encoded (the run's evaluation, like `vapo-mcp eval`)."""
     step: int = 0
+    """Policy optimizer steps done."""
     pretrain_step: int = 0
+    """Value-pretraining rounds done."""
     rollout_step: int = 0
-    history: dict = field(default_factory=dict)
+    """Policy rollouts done."""
+    history: History = field(default_factory=History)
+
+    @property
+    def world(self) -> World:
+        """This process's place in the process group (rank, world size)."""
+        return self.parallel.world
 
     @property
     def uses_critic(self) -> bool:
@@ -72,17 +113,8 @@ class Trainer:
                 "opt_actor": self.opt_actor.state_dict(), "sched_actor": self.sched_actor.state_dict(),
                 "opt_critic": self.opt_critic.state_dict() if self.opt_critic else None,
                 "sched_critic": self.sched_critic.state_dict() if self.sched_critic else None,
-                "replay": self.replay.state_dict(), "history": self.history,
-                "world_size": self.world.world_size}
-
-
-def update_spec(cfg: TrainConfig, world: World | None = None) -> UpdateSpec:
-    v, t, d = cfg.vapo, cfg.training, cfg.decisions
-    return UpdateSpec(policy_loss=d.policy_loss, clip_low=d.clip_low, clip_high=d.clip_high,
-                      dual_clip=v.dual_clip or None, reduction=d.loss_reduction, positive_lm_coef=d.positive_lm_coef,
-                      kl_coef=t.kl_coef, value_clip=v.value_clip_range or None, max_grad_norm=t.max_grad_norm,
-                      micro_batch=min(cfg.micro_batch_size, cfg.mini_batch_size // (world or World()).world_size),
-                      micro_batch_tokens=t.micro_batch_tokens, gradient_checkpointing=t.gradient_checkpointing)
+                "replay": self.replay.state_dict(), "history": self.history.state_dict(),
+                "world_size": self.parallel.size}
 
 
 def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
@@ -94,13 +126,14 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     verifies and loads (damaged ones are named and skipped, see checkpoint.load_newest)."""
     info, cfg = load_run(run_dir)
     world = init_world(cfg.distributed.backend, cfg.training.device)
+    parallel = Parallel.of(cfg, world)
     torch.manual_seed(info.seed + 1_000_003 * world.rank)
     base = _base_model(cfg, world, log)
     resolve_prompt_format(cfg.model, base, where=_model_name(cfg, base))  # before any weights load
     device = pick_device(cfg.training.device, world.local_rank)
     data_dir = Path(cfg.data.data_dir)
     tasks = (get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir))  # not a checkpoint's fault
-    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, world), world, tasks))
+    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, parallel), parallel, tasks))
     tr = None
     if resume and RunDir(run_dir).checkpoint_dirs():
         ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st, c), log=log)
@@ -137,13 +170,13 @@ def _base_model(cfg: TrainConfig, world: World, log) -> Path:
     return base if world.is_main else resolve_model_path(cfg.model.local_path, log=lambda m: None, task=task)
 
 
-def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: World) -> Models:
+def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, parallel: Parallel) -> Models:
     """Fresh: the base model (+ adapters). Resume: the checkpoint's full weights, or with LoRA the base model
     and the checkpoint's adapters (its merged `policy/` is for serving, not for training on)."""
     lora, kl = cfg.lora.enabled, cfg.training.kl_coef > 0
     value_adapted = lora and cfg.lora.value_lora
     value_src = (ckpt / "value") if ckpt and not value_adapted else (cfg.model.value_path or base)
-    sharded = cfg.distributed.strategy == "fsdp" and world.enabled
+    sharded = parallel.sharded
     if sharded and cfg.distributed.cpu_offload and device.type != "cuda":
         raise ModelLoadError("distributed.cpu_offload = true needs CUDA devices (FSDP2 offloads shards from the "
                              f"accelerator to host memory; this run is on {device.type}, where the shards "
@@ -155,22 +188,24 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, world: Worl
     apply_memory_options(models, cfg)  # before sharding / adapters: checkpointing on the HF decoder layers
     if sharded:  # every rank loaded the same files (a fresh value head is zero): shard, shards go to `device`
         models.device = device
-        return shard_models(models, world, cfg.distributed.cpu_offload)
+        return shard_models(models, parallel.world, cfg.distributed.cpu_offload)
     if lora:
         models = attach_adapters(models, cfg.lora, ckpt=ckpt, kl=kl)
     for m in (models.policy, models.value):
-        world.broadcast_parameters(m)
+        parallel.world.broadcast_parameters(m)
     return models
 
 
-def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, world: World, tasks: tuple) -> Trainer:
+def _assemble(cfg: TrainConfig, info: RunInfo, models: Models, parallel: Parallel, tasks: tuple[Task, Task]
+              ) -> Trainer:
     t = cfg.training
     opt_a = torch.optim.AdamW(trainable(models.policy), lr=t.learning_rate, weight_decay=t.weight_decay)
     opt_c = torch.optim.AdamW(trainable(models.value), lr=cfg.vapo.value_learning_rate,
                               weight_decay=t.weight_decay) if models.value is not None else None
-    return Trainer(cfg, info, models, opt_a, opt_c, _warmup_constant(opt_a, t.warmup_steps),
-                   _warmup_constant(opt_c, t.warmup_steps) if opt_c else None, *tasks,
-                   ReplayBuffer(cfg.vapo.replay_buffer_size), NullLogger(), update_spec(cfg, world), world)
+    return Trainer(cfg, info, models, opt_a, opt_c, sched_actor=_warmup_constant(opt_a, t.warmup_steps),
+                   sched_critic=_warmup_constant(opt_c, t.warmup_steps) if opt_c else None, task=tasks[0],
+                   eval_task=tasks[1], replay=ReplayBuffer(cfg.vapo.replay_buffer_size),
+                   spec=UpdateSpec.of(cfg, parallel.size), parallel=parallel)
 
 
 def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
@@ -180,7 +215,7 @@ def _restore(tr: Trainer, st: dict, ckpt: Path) -> Trainer:
     if tr.opt_critic is not None and st.get("sched_critic"):
         tr.sched_critic.load_state_dict(st["sched_critic"])
     tr.replay.load_state_dict(st["replay"])
-    tr.history = st.get("history", {})
+    tr.history = History.from_state(st.get("history", {}))
     torch.manual_seed(tr.info.seed + 1_000_003 * tr.world.rank + 7919 * tr.step)  # e.g. adapter dropout
     return tr
 
@@ -197,7 +232,7 @@ def _restore_optimizers(tr: Trainer, st: dict, ckpt: Path) -> None:
     for model, opt, saved in pairs:
         if saved is None:
             continue
-        if is_sharded(model):
+        if tr.parallel.sharded:
             load_full_optimizer_state(model, opt, saved)
         else:
             opt.load_state_dict(saved)

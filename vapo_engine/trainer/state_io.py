@@ -4,8 +4,8 @@ Loading a checkpoint must never execute code (SPEC §7), so the optimizer, sched
 split into `trainer_state.safetensors` (every tensor, by a generated key) and `trainer_state.json` (the
 structure, with `{"__tensor__": key}` where a tensor was). JSON cannot say "tuple" or "dict with int keys",
 so those are tagged (`__tuple__`, `__items__`); the encoder refuses any other type instead of guessing.
-Checkpoints written before this format (`trainer_state.pt`) load with `torch.load(weights_only=True)`, whose
-restricted unpickler refuses anything but tensors and plain containers.
+Nothing else in a checkpoint folder is read as trainer state: a pickle there (say a planted `trainer_state.pt`)
+is never loaded.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-STATE_JSON, STATE_TENSORS, LEGACY = "trainer_state.json", "trainer_state.safetensors", "trainer_state.pt"
+STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
 _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__")
 
 
@@ -33,11 +33,11 @@ def save_state(state: dict, folder: Path) -> None:
 
 
 def load_state(folder: Path) -> dict:
-    """The trainer state of a checkpoint folder; never unpickles anything but allow-listed tensor data."""
-    if (folder / STATE_JSON).is_file():
-        tensors = load_file(str(folder / STATE_TENSORS)) if (folder / STATE_TENSORS).is_file() else {}
-        return _decode(json.loads((folder / STATE_JSON).read_text(encoding="utf-8")), tensors)
-    return torch.load(folder / LEGACY, map_location="cpu", weights_only=True)
+    """The trainer state of a checkpoint folder (JSON + safetensors: nothing is unpickled)."""
+    if not (folder / STATE_JSON).is_file():
+        raise StateFormatError(f"{STATE_JSON} is missing")
+    tensors = load_file(str(folder / STATE_TENSORS)) if (folder / STATE_TENSORS).is_file() else {}
+    return _decode(json.loads((folder / STATE_JSON).read_text(encoding="utf-8")), tensors)
 
 
 def _encode(obj, tensors: dict):
