@@ -69,6 +69,7 @@ def test_a_backend_registered_outside_the_trainer_drives_a_run(tmp_path, model_d
     step = next(r for r in recs if r["kind"] == "train")
     # The untrained tiny model never writes a correct answer; every response trained on here is the fake's.
     assert step["rollout/accuracy"] == 1.0 and step["rollout/response_length_max"] <= 6  # ";" 1-5 digits EOS
+    assert step["rollout/truncated_frac"] == 0.0  # every answer ends with EOS (the longest ones too)
     assert step["vapo/positive_samples"] == 8 and step["actor/positive_nll"] > 0
     assert all(r["eval/greedy_accuracy"] == 1.0 for r in recs if r["kind"] == "eval")
     replay = load_state(run / "checkpoints" / "step-0000001")["replay"]["items"]

@@ -98,7 +98,7 @@ def bench_config(variant: str, args, task: str, model_dir: Path, steps: int, eve
 
 
 def heldout(models, task, cfg, seed: int, step: int) -> dict:
-    """The trainer's held-out evaluation, with its arguments and seed (vapo_engine.trainer.loop._evaluate)."""
+    """The trainer's held-out evaluation, with its arguments and seed (vapo_engine.trainer.loop.evaluate_policy)."""
     from vapo_engine.rollout.evaluate import evaluate
     return evaluate(models, task, num_problems=cfg.eval.num_problems, samples_per_problem=cfg.eval.samples_per_problem,
                     max_new_tokens=cfg.model.max_tokens, temperature=cfg.model.temperature, top_p=cfg.model.top_p,

@@ -198,7 +198,7 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
         return float(s[0] / s[1].clamp(min=1))
     out = {"rollout/reward_mean": float(ro.scores.mean()), "rollout/accuracy": float(ro.correct.float().mean()),
            "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
-           "rollout/truncated_frac": float((ro.response_mask[:, -1] > 0).float().mean()),
+           "rollout/truncated_frac": float((~ro.finished).float().mean()),
            "rollout/no_signal_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
            "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
            "actor/entropy": token_mean(ro.entropy)}
