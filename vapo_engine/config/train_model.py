@@ -178,7 +178,8 @@ class EvalConfig(Section):
 
 class DistributedConfig(Section):
     nproc_per_node: int = Field(1, ge=1, le=1024)
-    """Processes (ranks) per node; > 1 launches the worker with torchrun (one GPU per process on CUDA)."""
+    """Processes (ranks) per node; > 1 launches several workers: the loopback launcher on one node, torchrun across
+    nodes (one GPU per process on CUDA)."""
     nnodes: int = Field(1, ge=1, le=100_000)
     """Number of nodes; > 1 needs rdzv_endpoint reachable from every node and node_rank set on each."""
     node_rank: int = Field(0, ge=0)
