@@ -15,6 +15,8 @@ OUTSIDE_DOCS = re.compile(r"\b" + "SP" + r"EC\b|\b" + "DES" + r"IGN\.md")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".json", ".jsonl", ".txt", ".cfg", ".ini", ".yml", ".yaml",
                  ".jinja", ""}
 SKIP_DIRS = {".venv", ".git", "__pycache__", ".pytest_cache", "node_modules", "logs", "build", "dist"}
+DESIGN_CITATION = re.compile(r"design\.md((?:,? (?:and )?§\d+(?:\.\d+)?)+)")
+"""`docs/design.md §3.4`, `design.md §2 and §3`, `docs/design.md §3, §5` (the section numbers after the name)."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 README_MAX_LINES = 300
 
@@ -48,6 +50,16 @@ def test_configuration_reference_covers_every_key():
     assert "`decisions" not in text  # derived from the keys, not a key
 
 
+def test_reference_check_mode_says_how_to_regenerate(tmp_path, capsys):
+    out = tmp_path / "configuration.md"
+    out.write_text("stale\n", encoding="utf-8")
+    assert reference.main(["--check", "--out", str(out)]) == 1
+    assert reference.REGENERATE in capsys.readouterr().err
+    assert reference.main(["--out", str(out)]) == 0
+    assert reference.main(["--check", "--out", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == reference.render()
+
+
 def test_nothing_cites_a_document_outside_the_repository():
     hits = []
     for path in _repo_files():
@@ -59,6 +71,22 @@ def test_nothing_cites_a_document_outside_the_repository():
                  if OUTSIDE_DOCS.search(line)]
     assert not hits, ("these lines cite a document that is not in the repository; cite docs/design.md "
                       "(or another page of docs/) instead:\n" + "\n".join(hits))
+
+
+def test_every_design_citation_names_a_section_that_exists():
+    design = ROOT / "docs" / "design.md"
+    heading = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", re.MULTILINE)
+    numbers = {m.group(1) for m in heading.finditer(design.read_text(encoding="utf-8"))}
+    missing = []
+    for path in _repo_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for cite in DESIGN_CITATION.finditer(text):
+            missing += [f"{path.relative_to(ROOT)}: §{n}" for n in re.findall(r"§(\d+(?:\.\d+)?)", cite.group(0))
+                        if n not in numbers]
+    assert not missing, "citations of docs/design.md sections that do not exist:\n" + "\n".join(missing)
 
 
 def _slug(heading: str) -> str:

@@ -60,6 +60,8 @@ def _type_text(annotation) -> str:
         return " \\| ".join(json.dumps(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join("unset" if a is type(None) else _type_text(a) for a in args)
+    if annotation is Ellipsis:
+        return "…"
     if origin is not None:
         inner = ", ".join(_type_text(a) for a in args)
         return f"{origin.__name__}[{inner}]"
@@ -85,7 +87,7 @@ def _default_text(info: FieldInfo) -> str:
     value = info.get_default(call_default_factory=True)
     if value is None:
         return "unset"
-    return f"`{json.dumps(value, ensure_ascii=False)}`"
+    return f"`{json.dumps(value, ensure_ascii=False, default=str)}`"
 
 
 def _cell(text: str | None) -> str:
