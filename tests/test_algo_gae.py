@@ -1,4 +1,4 @@
-"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (SPEC §3)."""
+"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (docs/design.md §3)."""
 from __future__ import annotations
 
 import math
@@ -17,7 +17,7 @@ from vapo_engine.algo import (
     values_for_response,
 )
 
-# SPEC §3 reference row (γ = 1): reward on the last valid token, two pads with junk values.
+# docs/design.md §3.11 reference row (γ = 1): reward on the last valid token, two pads with junk values.
 R = [0, 0, 0, 0, 1, 0, 0]
 V = [0.5, 0.6, 0.4, 0.7, 0.9, 5.0, -3.0]
 M = [1, 1, 1, 1, 1, 0, 0]

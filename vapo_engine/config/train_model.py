@@ -1,4 +1,4 @@
-"""config.toml: the VAPO training recipe (engine side). SPEC §2 and §3.
+"""config.toml: the VAPO training recipe (engine side). docs/design.md §2 and §3.
 
 Defaults are the shipped values; docstrings give the paper's value where it differs (VAPO, arXiv 2504.05118).
 Cross-field rules raise `FieldProblem` so the loader can name the exact key and the fix.
@@ -204,7 +204,7 @@ class DistributedConfig(Section):
 
 
 class ProviderRolloutsConfig(Section):
-    """Provider samples as extra positives (SPEC §8, VAPO §4.3): answers of the API channel's model to the
+    """Provider samples as extra positives (docs/design.md §8, VAPO §4.3): answers of the API channel's model to the
     step's prompts, checked by the task's checker; the correct ones join the positive replay buffer and enter
     only the positive-example NLL (never the PPO ratio). The channel (base URL, key) is settings.json's."""
 

@@ -1,7 +1,7 @@
 """The critic's own recipe: value pretraining with real mini-batch updates and a stopping rule, and explained
 variance that means the same thing in every run.
 
-Value pretraining (SPEC §3): each round samples a fresh rollout from the frozen initial policy, measures the
+Value pretraining (docs/design.md §3.5): each round samples a fresh rollout from the frozen initial policy, measures the
 critic's explained variance on it *before* training on it (so the number is held-out), then fits the critic to
 Monte-Carlo returns (λ = 1) with `mini_batch_size` updates over `value_pretrain_epochs` passes. It stops at
 `value_pretrain_steps` rounds, or earlier when the held-out EV has not improved by `value_pretrain_min_delta`
