@@ -1,4 +1,4 @@
-"""The tools' security model (tools/access.py, SPEC §7) through the real MCP server in memory: an HTTP client
+"""The tools' security model (tools/access.py, docs/design.md §7) through the real MCP server in memory: an HTTP client
 reads and probes nothing outside the allowed roots (one refusal for existing, missing, file, folder and
 symlinked paths), config paths from overrides or preset files are confined too, and no tool call moves a run's
 rendezvous. Loader-level: preset names cannot traverse, TOML syntax errors quote nothing from the file."""

@@ -1,4 +1,4 @@
-"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (SPEC §3).
+"""GAE, Decoupled-GAE, Length-Adaptive λ, reward placement, value alignment and GRPO advantages (docs/design.md §3).
 Reward placement and value alignment are the rollout's own (`vapo_engine.rollout.experience`)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from vapo_engine.algo import (
 )
 from vapo_engine.rollout.experience import from_token_ids, place_rewards, response_values
 
-# SPEC §3 reference row (γ = 1): reward on the last valid token, two pads with junk values.
+# docs/design.md §3.11 reference row (γ = 1): reward on the last valid token, two pads with junk values.
 R = [0, 0, 0, 0, 1, 0, 0]
 V = [0.5, 0.6, 0.4, 0.7, 0.9, 5.0, -3.0]
 M = [1, 1, 1, 1, 1, 0, 0]

@@ -1,4 +1,4 @@
-"""Loss aggregation, Clip-Higher policy loss, value loss, positive-example NLL and KL penalties (SPEC §3)."""
+"""Loss aggregation, Clip-Higher policy loss, value loss, positive-example NLL and KL penalties (docs/design.md §3)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The key only ever goes to the configured base URL (SPEC §7): a server that redirects (307 / 302 / 301 / 308) to
+"""The key only ever goes to the configured base URL (docs/design.md §7): a server that redirects (307 / 302 / 301 / 308) to
 a second loopback server on another port never gets the key to it — the client does not follow redirects and
 reports them with a fix —, the client refuses any other origin, and neither a tool argument nor a config.toml
 override (`--set api.base_url=…`) moves the URL that gets the key."""

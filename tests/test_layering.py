@@ -1,4 +1,4 @@
-"""DESIGN.md layering: the MCP server and tools start without torch; only trainer/rollout/algo import it."""
+"""docs/design.md §1.1 layering: the MCP server and tools start without torch; only trainer/rollout/algo import it."""
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,4 @@
-"""Every channel tool works against a served checkpoint unchanged (SPEC §8): `vapo-mcp check` gets 200s and
+"""Every channel tool works against a served checkpoint unchanged (docs/design.md §8): `vapo-mcp check` gets 200s and
 `vapo-mcp smoke --prompt --expect` passes, streaming and not — with a tiny model that memorised one answer
 (CI), and with the shipped built-in addition model on a real held-out-style prompt (it ships: no skip in CI).
 Also: `serve-model RUN_ID` resolves the run's newest (or `--step`) checkpoint through the registry."""

@@ -1,4 +1,4 @@
-"""Who may touch which files, and what a tool call may not change: the security model of the tools (SPEC §7).
+"""Who may touch which files, and what a tool call may not change: the security model of the tools (docs/design.md §7).
 
 Three callers reach the tools, and they are trusted differently:
 

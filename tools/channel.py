@@ -1,4 +1,4 @@
-"""`check_channel`: is the OpenAI-compatible channel usable? (SPEC §4) — and `smoke_test`, re-exported.
+"""`check_channel`: is the OpenAI-compatible channel usable? (docs/design.md §4) — and `smoke_test`, re-exported.
 
 What a user would do by hand with curl, in one call: normalise the base URL and say what was repaired, show
 which source the key came from (redacted), `GET /models` with and without the key (is auth enforced?), look

@@ -1,4 +1,4 @@
-"""`diagnose_error`: ranked findings (cause, evidence, fix) from whatever the user has (SPEC §4).
+"""`diagnose_error`: ranked findings (cause, evidence, fix) from whatever the user has (docs/design.md §4).
 
 Inputs, all optional: an HTTP status, an error body, response headers, exception/traceback/log text (or a log
 file), settings.json / config.toml, a code path to scan, a base URL and model id, and a training run directory

@@ -1,5 +1,5 @@
 """`evaluate` / `vapo-mcp eval`: a model's accuracy on a benchmark, measured the way a run measures its policy
-(SPEC §8: same held-out problems, same checker, same avg@k), so "the API model vs my policy" compares like
+(docs/design.md §8: same held-out problems, same checker, same avg@k), so "the API model vs my policy" compares like
 with like.
 
 - **What is asked**: the task's `heldout(num_problems)` (a built-in task, or a JSONL name/path resolved like

@@ -1,4 +1,4 @@
-"""`smoke_test`: ask the channel a reasoning question with a known answer and judge the reply (SPEC §4).
+"""`smoke_test`: ask the channel a reasoning question with a known answer and judge the reply (docs/design.md §4).
 
 Default: "A train travels 240 km in 3 hours. What is its average speed?" with a math-reasoning system
 prompt, temperature 0.2, max_tokens 256; the answer must contain 80 (as a number, not inside 180 or 800).

@@ -1,4 +1,4 @@
-"""The metric catalogue: every name the trainer logs, with its meaning. Names are an API (DESIGN.md §4).
+"""The metric catalogue: every name the trainer logs, with its meaning. Names are an API (docs/design.md §5.4).
 
 The trainer writes only names listed here (a test checks it); diagnostics and `report_metrics` read the
 same names. How each name combines across the ranks of a distributed run is declared here too (`COMBINE`). `read_metrics` parses a run's append-only metrics.jsonl, tolerating a torn last line; `latest`

@@ -1,5 +1,5 @@
 """Credential-shaped text, found in time linear in the input: the finders behind `redact_tokens`, `scrub` and
-`strip_url_credentials` (SPEC §7: scrubbing, like every parser of untrusted text, is linear and bounded).
+`strip_url_credentials` (docs/design.md §7: scrubbing, like every parser of untrusted text, is linear and bounded).
 
 A regex such as `sk-(?:[a-z0-9]+-)*[a-z0-9]{12,}` is retried at each of the 350,000 starts of `"sk-"*350000`,
 and each try scans to the end before it fails: minutes for 1 MB (issue 23). Here a search only looks for

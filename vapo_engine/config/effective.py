@@ -1,6 +1,6 @@
 """The effective channel: settings.json + environment + .env + config.toml [api], with provenance.
 
-Precedence (SPEC §2): `TAOTOKEN_BASE_URL` overrides `api.base_url`; the key comes from the variable that
+Precedence (docs/design.md §2.1): `TAOTOKEN_BASE_URL` overrides `api.base_url`; the key comes from the variable that
 `api.api_key_env` names, the real environment winning over a `.env` file next to settings.json.
 The result records which source won for each value and never shows the key unredacted — nor a key pasted
 into `api.api_key_env` (the channel keeps only its display form, see `secrets.safe_env_name`), nor the

@@ -2,7 +2,7 @@
 helpers that make user-typed strings (a base URL, `api.api_key_env`, `--set` overrides, tags, whole config
 dumps) safe to print or to write into a run directory.
 
-Format (SPEC §6): prefix + last 4 + length, e.g. ``sk-…c0de (len 51)``. Short values show less.
+Format (docs/design.md §6.1): prefix + last 4 + length, e.g. ``sk-…c0de (len 51)``. Short values show less.
 
 "Looks like a secret" (`looks_like_secret`) is a heuristic for values that have no context saying they are a
 key. A value counts when it carries a well-known key prefix (`sk-`, `hf_`, `AIza`, `ghp_`, `AKIA`, …), or when

@@ -1,4 +1,4 @@
-"""settings.json: the API channel and the runtime (tool/agent side). SPEC §2.
+"""settings.json: the API channel and the runtime (tool/agent side). docs/design.md §2.
 
 The API key is never stored here: `api.api_key_env` names the environment variable holding it.
 """

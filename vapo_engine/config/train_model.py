@@ -1,4 +1,4 @@
-"""config.toml: the VAPO training recipe (engine side). SPEC §2 and §3.
+"""config.toml: the VAPO training recipe (engine side). docs/design.md §2 and §3.
 
 Defaults are the shipped values; docstrings give the paper's value where it differs (VAPO, arXiv 2504.05118).
 Cross-field rules raise `FieldProblem` so the loader can name the exact key and the fix.
@@ -178,7 +178,8 @@ class EvalConfig(Section):
 
 class DistributedConfig(Section):
     nproc_per_node: int = Field(1, ge=1, le=1024)
-    """Processes (ranks) per node; > 1 launches the worker with torchrun (one GPU per process on CUDA)."""
+    """Processes (ranks) per node; > 1 launches several workers: the loopback launcher on one node, torchrun across
+    nodes (one GPU per process on CUDA)."""
     nnodes: int = Field(1, ge=1, le=100_000)
     """Number of nodes; > 1 needs rdzv_endpoint reachable from every node and node_rank set on each."""
     node_rank: int = Field(0, ge=0)
@@ -203,7 +204,7 @@ class DistributedConfig(Section):
 
 
 class ProviderRolloutsConfig(Section):
-    """Provider samples as extra positives (SPEC §8, VAPO §4.3): answers of the API channel's model to the
+    """Provider samples as extra positives (docs/design.md §8, VAPO §4.3): answers of the API channel's model to the
     step's prompts, checked by the task's checker; the correct ones join the positive replay buffer and enter
     only the positive-example NLL (never the PPO ratio). The channel (base URL, key) is settings.json's."""
 

@@ -102,7 +102,7 @@ class ModelList(BaseModel):
 
 
 def is_model_unavailable(exc: BaseException) -> bool:
-    """Errors after which the fallback model is tried (SPEC §2): model-not-found, 5xx, 429 (not quota)."""
+    """Errors after which the fallback model is tried (docs/design.md §2.1): model-not-found, 5xx, 429 (not quota)."""
     if isinstance(exc, NotFoundError):
         return exc.target == "model"
     if isinstance(exc, RateLimitError):

@@ -1,6 +1,6 @@
 """Provider requests for a training loop: an async batch API and a background thread that never blocks its caller.
 
-The trainer runs torch in its main thread; provider samples must never stall a step (SPEC §8). So:
+The trainer runs torch in its main thread; provider samples must never stall a step (docs/design.md §8). So:
 
     worker = ProviderWorker(channel, concurrency=ConcurrencyPolicy(start=8), max_pending=64,
                             explain=partial(explain_provider_down, channel=channel)).start()

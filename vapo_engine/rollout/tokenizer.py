@@ -8,7 +8,7 @@ the generic backend (`TokenizersBackend` / `PreTrainedTokenizerFast`) and ships 
 loaded with `PreTrainedTokenizerFast`, i.e. tokenizer.json as written; every other directory goes through
 `AutoTokenizer` as usual.
 
-Every load passes `trust_remote_code=False` explicitly (SPEC §7): left unset, transformers asks `[y/N]` on
+Every load passes `trust_remote_code=False` explicitly (docs/design.md §7): left unset, transformers asks `[y/N]` on
 stdin for a folder whose config names an unknown `model_type` and an `auto_map`, and a "y" runs the folder's
 code. `refuse_remote_code` turns such a folder into a clear error before anything is loaded; the model loaders
 (trainer/models.py, serving/model.py) call it through `load_tokenizer` and pass `NO_REMOTE_CODE` themselves.
@@ -25,7 +25,7 @@ NO_REMOTE_CODE = {"trust_remote_code": False}
 
 
 class RemoteCodeRefused(ValueError):
-    """A model folder that only its own Python code could load (never run: SPEC §7)."""
+    """A model folder that only its own Python code could load (never run: docs/design.md §7)."""
 
 
 def refuse_remote_code(path: str | Path) -> None:

@@ -1,6 +1,6 @@
 """`builtin:chain` — running totals over labelled steps: long, length-varying answers checkable step by step.
 
-The task VAPO's parts are made for, in miniature (SPEC §3: long chains of thought of very different lengths,
+The task VAPO's parts are made for, in miniature (docs/design.md §3: long chains of thought of very different lengths,
 sparse success, a value model that must notice a mistake when it is made):
 
     prompt    "47 a+8 b-3 c+9\\n"                      a start value, then `steps` labelled operations

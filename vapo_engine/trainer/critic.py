@@ -1,7 +1,7 @@
 """The critic's measures: explained variance that means the same thing in every run, and the stopping rule of
 value pretraining (the pretraining rounds themselves are in loop.py).
 
-Value pretraining (SPEC §3) stops at `value_pretrain_steps` rounds, or earlier when the held-out EV has not
+Value pretraining (docs/design.md §3.5) stops at `value_pretrain_steps` rounds, or earlier when the held-out EV has not
 improved by `value_pretrain_min_delta` for `value_pretrain_patience` rounds (`plateaued`). EV is also logged by
 position inside the response (quarters) and by response length (`ev_breakdown`), so a critic that only learns
 the end of answers, or only short ones, shows.

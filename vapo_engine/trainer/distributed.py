@@ -8,7 +8,7 @@ gradient — what DDP computes). A single process gets the null versions of all 
 one process, ddp and fsdp (saving, evaluation, lock-step, metric combining) is `parallel.Parallel`'s.
 
 Tensor collectives only: object collectives (`broadcast_object_list`, `all_gather_object`, …) unpickle what a
-peer sends, so a process that joined the group could run code here (SPEC §7). Structured data crosses ranks
+peer sends, so a process that joined the group could run code here (docs/design.md §7). Structured data crosses ranks
 as JSON bytes in a uint8 tensor (`broadcast_json`); name lists are compared by digest (`agree`).
 """
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Why not `torchrun --standalone`: its rendezvous store (a TCPStore) listens on every interface, and its
 dynamic rendezvous keeps its state as a pickle in that store, which every agent unpickles — anyone who can
-reach the port can make the launcher run code (SPEC §7). Here the store is created on a socket this process
+reach the port can make the launcher run code (docs/design.md §7). Here the store is created on a socket this process
 bound to 127.0.0.1 (`master_listen_fd`), the ranks connect to it as clients (TORCHELASTIC_USE_AGENT_STORE),
 gloo's own sockets are pinned to the loopback interface, and nothing is ever unpickled: the ranks use tensor
 collectives only (trainer/distributed.py).
 
 Several nodes need a network rendezvous; that is torchrun's c10d rendezvous, set up only from config.toml or
-the CLI (never by an MCP tool), on a network the user trusts (see README "Security model").
+the CLI (never by an MCP tool), on a network the user trusts (see docs/security.md).
 
 Supervision: SIGTERM/SIGINT are forwarded to every rank (graceful stop: they agree, checkpoint, exit 0); when
 one rank fails, the others are terminated (then killed after a grace period) and its exit code is returned.

@@ -1,4 +1,4 @@
-"""The VAPO training recipe, top to bottom (SPEC §3, §5):
+"""The VAPO training recipe, top to bottom (docs/design.md §3, §5):
 
   0. evaluate the starting policy on the held-out set
   1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1)

@@ -1,4 +1,4 @@
-"""Provider samples into positive replay (SPEC §8; VAPO §4.3 "Group-Sampling" with an API model).
+"""Provider samples into positive replay (docs/design.md §8; VAPO §4.3 "Group-Sampling" with an API model).
 
 For every rollout step, rank 0 sends the step's prompts (with the task's format instruction as the system
 message) to the configured channel through `vapo_engine.providers.ProviderWorker` — a background thread with a

@@ -1,6 +1,6 @@
 """Positive replay buffer: past correct (prompt, response) token-id pairs for the positive-example LM loss.
 
-Off-policy positives need no importance ratio in an NLL term (SPEC §2). FIFO with a fixed capacity; sampling
+Off-policy positives need no importance ratio in an NLL term (docs/design.md §3.8). FIFO with a fixed capacity; sampling
 uses the caller's `random.Random` so runs are reproducible; the whole buffer is part of a checkpoint.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ Layout of `checkpoints/step-NNNNNNN/` under `distributed.strategy = "fsdp"`:
 DCP stores tensors with their global shapes, so `load_sharded` restores into any number of processes — the
 same FSDP world, another world size, or one plain process (no process group: DCP reads every shard itself).
 
-Loading never runs code from the checkpoint (SPEC §7): DCP's own reader unpickles `.metadata` with plain
+Loading never runs code from the checkpoint (docs/design.md §7): DCP's own reader unpickles `.metadata` with plain
 `pickle`, so `SafeReader` reads it with an unpickler that admits only DCP's metadata classes, torch dtypes and
 sizes; a planted pickle is refused (the checkpoint is then named as damaged and skipped). Tensor data is read
 as raw bytes; DCP's byte items go through `torch.load(weights_only=True)`.

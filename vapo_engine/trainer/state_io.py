@@ -1,6 +1,6 @@
 """Trainer state on disk without pickles: tensors in safetensors, everything else in JSON.
 
-Loading a checkpoint must never execute code (SPEC §7), so the optimizer, scheduler, RNG and replay state are
+Loading a checkpoint must never execute code (docs/design.md §7), so the optimizer, scheduler, RNG and replay state are
 split into `trainer_state.safetensors` (every tensor, by a generated key) and `trainer_state.json` (the
 structure, with `{"__tensor__": key}` where a tensor was). JSON cannot say "tuple" or "dict with int keys",
 so those are tagged (`__tuple__`, `__items__`); the encoder refuses any other type instead of guessing.

@@ -1,7 +1,7 @@
 """One optimizer step of the actor and/or the critic on a mini-batch, with gradient accumulation.
 
 Every loss is divided by the mini-batch's *global* counts (tokens, sequences, positive tokens), so
-accumulating micro-batches gives exactly the full-batch gradient (SPEC §3, token-level loss), however the
+accumulating micro-batches gives exactly the full-batch gradient (docs/design.md §3.7, token-level loss), however the
 rows are split: by count (`micro_batch`), or by a token budget (`micro_batch_tokens`: rows of similar length
 together, each micro-batch cut to its own longest response; every rank runs as many micro-batches as the
 busiest one). Under data parallel the counts are all-reduced before use (`parallel.Parallel`). The
