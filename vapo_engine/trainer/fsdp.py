@@ -91,7 +91,7 @@ def local_norm(total) -> float:
 
 def full_grads(model: torch.nn.Module) -> torch.Tensor:
     """Every gradient of `model`, flattened into one fp32 CPU vector; sharded gradients are gathered first (a
-    collective under fsdp: call on every rank). For parity checks (tests, bench/gpu_check.py)."""
+    collective under fsdp: call on every rank). For parity checks (tests, scripts/gpu_check.py)."""
     gs = [p.grad for p in model.parameters() if p.grad is not None]
     if not gs:
         return torch.zeros(0)

@@ -1,8 +1,8 @@
 """Load the models of a run: policy, value model (scalar head on the same architecture), frozen reference.
 
 Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
-(built and cached on first use). The value model is `AutoModelForTokenClassification(num_labels=1)`
-initialised from the policy weights (or `model.value_path`), so it saves and loads as a plain HF directory.
+(shipped with the package; built into the cache only for a changed recipe). The value model is
+`AutoModelForTokenClassification(num_labels=1)` initialised from the policy weights (or `model.value_path`), so it saves and loads as a plain HF directory.
 The rollout backend that `[rollout] backend` names (`vapo_engine.rollout.backends`) comes with them
 (`Models.backend`). This file does not train anything.
 """
@@ -72,7 +72,7 @@ def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
 
 def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:addition") -> Path:
     """The directory to load: `local_path`, or the cached built-in tiny model named `task` (a training task, or a
-    `model.builtin` name; built on first use; tasks without a model of their own use builtin:addition's)."""
+    `model.builtin` name; shipped with the package; tasks without a model of their own use builtin:addition's)."""
     if local_path:
         p = Path(local_path).expanduser()
         if not (p / "config.json").is_file():

@@ -3,7 +3,7 @@
 A draw is seeded from (run seed, stream name, index, rank) alone — never from a shared generator that other
 parts of the recipe also advance. So what one part draws cannot shift another's: two runs with the same seed
 draw the same policy-step prompts at every step whether or not they pretrain a value model, evaluate, replay or
-use another number of mini-batches (the paired designs of `bench/ablation.py` rest on this), and a resumed run
+use another number of mini-batches (the paired designs of `bench.experiments.ablation` rest on this), and a resumed run
 draws exactly what an uninterrupted one would, with no generator state in the checkpoint.
 
 | stream | index | ranks | used for |
