@@ -3,8 +3,8 @@
 Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
 (shipped with the package; built into the cache only for a changed recipe). The value model is
 `AutoModelForTokenClassification(num_labels=1)` initialised from the policy weights (or `model.value_path`),
-so it saves and loads as a plain HF directory. The rollout backend that `[rollout] backend` names (`vapo_engine.rollout.backends`) comes with them
-(`Models.backend`). This file does not train anything.
+so it saves and loads as a plain HF directory. The rollout backend that `[rollout] backend` names
+(`vapo_engine.rollout.backends`) comes with them (`Models.backend`). This file does not train anything.
 """
 from __future__ import annotations
 
