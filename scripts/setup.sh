@@ -8,7 +8,8 @@ PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/python -m pip install -q "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+  # numpy with it: torch imported without numpy prints "Failed to initialize NumPy"
+  .venv/bin/python -m pip install -q "$TORCH_SPEC" "numpy>=1.26" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import torch" || { echo "setup: installing $TORCH_SPEC failed" >&2; exit 1; }
 fi
 .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
