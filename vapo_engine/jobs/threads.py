@@ -2,8 +2,11 @@
 
 torch sizes its OpenMP pool to every core by default, and OpenMP threads spin while they wait. Two runs on
 two cores then keep four threads busy-waiting against each other, and a step becomes many times slower. A
-worker therefore gets `cores // (processes per run × concurrent runs)` threads (at least 1), and waiting
-threads yield (`OMP_WAIT_POLICY=PASSIVE`). A value the user set in the environment always wins.
+worker therefore gets `cores // (processes per run × concurrent runs)` threads (at least 1). Waiting threads
+yield (`OMP_WAIT_POLICY=PASSIVE`) only where processes can share cores: more than one concurrent run allowed
+(`VAPO_MCP_MAX_CONCURRENT` > 1), or more threads in all than cores. A run that has the cores to itself keeps
+OpenMP's default (spinning) wait: passive waiting made a run alone 1.5–2× slower per step (issue 24). A value
+the user set in the environment always wins.
 """
 from __future__ import annotations
 
@@ -35,13 +38,25 @@ def threads_per_process(nprocs: int = 1, concurrent: int = 1, cores: int | None 
     return max(1, (cores or usable_cores()) // max(1, nprocs * concurrent))
 
 
+def shares_cores(nprocs: int, concurrent: int, threads: int, cores: int | None = None) -> bool:
+    """Whether worker threads may have to share cores: several runs at once, or more threads than cores."""
+    return concurrent > 1 or nprocs * threads > (cores or usable_cores())
+
+
 def worker_env(nprocs: int = 1, concurrent: int | None = None, base: dict | None = None) -> dict:
-    """The environment of a trainer worker: thread budget, passive waiting, offline hub, unbuffered output."""
+    """The environment of a trainer worker: thread budget, passive waiting where cores are shared, offline hub,
+    unbuffered output."""
     env = dict(os.environ if base is None else base)
-    n = threads_per_process(nprocs, concurrent or max_concurrent(env))
+    concurrent = concurrent or max_concurrent(env)
+    n = threads_per_process(nprocs, concurrent)
     for var in THREAD_VARS:
         env.setdefault(var, str(n))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        n = int(env["OMP_NUM_THREADS"])  # the user's own value, where they set one
+    except ValueError:
+        pass
+    if shares_cores(nprocs, concurrent, n):
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONUNBUFFERED"] = "1"
