@@ -1,14 +1,17 @@
 """Two training runs at once on the same cores: torch's default threads vs the run manager's thread budget.
 
-Three scenarios, each an ordinary cpu-demo worker process (`python -m vapo_engine.trainer RUN_DIR`) on the
-built-in tiny model:
-  alone      one run with the worker environment the run manager gives it (`jobs.threads.worker_env`)
-  two-naive  two runs at once, each with torch's defaults (a thread per core, OpenMP's spinning wait)
-  two-sized  two runs at once with `worker_env(concurrent=2)`: cores // 2 threads each, passive waiting
-Reported: mean rollout-step time per run (perf/step_time_s, first rollout step excluded), wall time, and the ratios to `alone`,
-measured in one invocation. Not a test: nothing here asserts.
+Scenarios, each an ordinary cpu-demo worker process (`python -m vapo_engine.trainer RUN_DIR`) on the built-in
+tiny model:
+  alone          one run with the worker environment the run manager gives it (`jobs.threads.worker_env`)
+  alone-active   the same with OMP_WAIT_POLICY=ACTIVE (OpenMP threads spin while they wait)
+  alone-passive  the same with OMP_WAIT_POLICY=PASSIVE (waiting threads yield; what every run got before)
+  two-naive      two runs at once, each with torch's defaults (a thread per core, OpenMP's spinning wait)
+  two-sized      two runs at once with `worker_env(concurrent=2)`: cores // 2 threads each, passive waiting
+The scenarios run in turn, `--repeats` rounds, so slow drift of the machine hits them alike. Reported per
+scenario: the mean rollout-step time per run (perf/step_time_s, first rollout step excluded) of each round,
+their mean, wall time, and the ratios to `alone`, measured in one invocation. Not a test: nothing here asserts.
 
-    .venv/bin/python -m bench.perf.concurrency [--steps 30] [--smoke] [--out DIR]
+    .venv/bin/python -m bench.perf.concurrency [--steps 30] [--repeats 2] [--smoke] [--out DIR]
 """
 from __future__ import annotations
 
@@ -28,11 +31,17 @@ from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_
 NAIVE_STRIP = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
+SCENARIOS = ("alone", "alone-active", "alone-passive", "two-naive", "two-sized")
+WAIT = {"alone-active": "ACTIVE", "alone-passive": "PASSIVE"}
+
+
 def _env(scenario: str) -> dict:
     from vapo_engine.jobs.threads import worker_env
     base = {k: v for k, v in os.environ.items() if k not in NAIVE_STRIP}
     if scenario == "two-naive":
         return dict(base, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    if scenario in WAIT:
+        base["OMP_WAIT_POLICY"] = WAIT[scenario]
     return worker_env(concurrent=2 if scenario == "two-sized" else 1, base=dict(base, PYTHONPATH=str(REPO)))
 
 
@@ -75,35 +84,52 @@ def scenario(name: str, steps: int, smoke: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30, help="policy steps per run (cpu-demo shapes)")
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: 2 steps, tiny batch (tests)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds over the scenarios (interleaved)")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: 2 steps, tiny batch, one round (tests)")
     ap.add_argument("--out", help="folder for the JSON record (default bench/results)")
     args = ap.parse_args()
     from vapo_engine.builtin_model import builtin_model_dir
     builtin_model_dir(log=lambda m: print(m, flush=True))  # build/cache outside the timed part
     steps = 2 if args.smoke else args.steps
-    rows = [scenario(s, steps, args.smoke) for s in ("alone", "two-naive", "two-sized")]
-    alone = rows[0]["mean_step_time_s"]
+    repeats = 1 if args.smoke else max(1, args.repeats)
+    rounds = [[scenario(s, steps, args.smoke) for s in SCENARIOS] for _ in range(repeats)]
+    rows = [_pool([rnd[i] for rnd in rounds]) for i in range(len(SCENARIOS))]
+    by = {r["scenario"]: r for r in rows}
+    alone = by["alone"]["mean_step_time_s"]
     for r in rows:
         r["step_time_vs_alone"] = round(r["mean_step_time_s"] / alone, 2)
-        print(f"{r['scenario']:10} threads {r['threads']:>13}  wait {r['wait_policy']:8}  step "
-              f"{r['mean_step_time_s']:.3f}s ({r['step_time_vs_alone']:.2f}x alone)  wall {r['wall_s']:.0f}s  "
-              f"load {r['load_avg_start']} -> {r['load_avg_end']}", flush=True)
-    naive, sized = rows[1]["mean_step_time_s"], rows[2]["mean_step_time_s"]
-    print(f"two runs at once: sized threads make a step {naive / sized:.2f}x faster than torch's defaults")
-    path = write_record("concurrency", {"steps": steps, "config": {"steps": steps, "smoke": args.smoke},
-                                        "rows": rows, "naive_over_sized": round(naive / sized, 2)},
-                        Path(args.out) if args.out else None)
+        print(f"{r['scenario']:13} threads {r['threads']:>13}  wait {r['wait_policy']:8}  step "
+              f"{r['mean_step_time_s']:.3f}s {r['round_means']} ({r['step_time_vs_alone']:.2f}x alone)  "
+              f"wall {r['wall_s']:.0f}s  load {r['load_avg_start']} -> {r['load_avg_end']}", flush=True)
+    naive, sized = by["two-naive"]["mean_step_time_s"], by["two-sized"]["mean_step_time_s"]
+    summary = {"naive_over_sized": round(naive / sized, 2), "sized_over_alone": round(sized / alone, 2),
+               "alone_over_active": round(alone / by["alone-active"]["mean_step_time_s"], 2),
+               "passive_over_alone": round(by["alone-passive"]["mean_step_time_s"] / alone, 2)}
+    print(f"two runs at once: sized threads make a step {summary['naive_over_sized']:.2f}x faster than torch's "
+          f"defaults and {summary['sized_over_alone']:.2f}x a run alone; alone vs forced ACTIVE wait "
+          f"{summary['alone_over_active']:.2f}x; forced PASSIVE vs alone {summary['passive_over_alone']:.2f}x")
+    path = write_record("concurrency", {"steps": steps, "config": {"steps": steps, "smoke": args.smoke,
+                                                                   "repeats": repeats},
+                                        "rows": rows, **summary}, Path(args.out) if args.out else None)
     _plot(rows, path.with_suffix(".png"))
     print(f"record: {path}")
 
 
+def _pool(rounds: list[dict]) -> dict:
+    """One scenario over the rounds: the mean of the round means, the first round's settings, total wall time."""
+    means = [r["mean_step_time_s"] for r in rounds]
+    return {**rounds[0], "round_means": means, "mean_step_time_s": round(statistics.fmean(means), 4),
+            "step_time_s_per_run": [r["step_time_s_per_run"] for r in rounds],
+            "wall_s": round(sum(r["wall_s"] for r in rounds), 1), "load_avg_end": rounds[-1]["load_avg_end"]}
+
+
 def _plot(rows: list[dict], path: Path) -> None:
     plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(8, 3.4))
     labels = [f"{r['scenario']}\n{r['threads']} thr, {r['wait_policy']}" for r in rows]
-    ax.bar(labels, [r["mean_step_time_s"] for r in rows], color=["#4c72b0", "#c44e52", "#55a868"])
+    ax.bar(labels, [r["mean_step_time_s"] for r in rows], color=["#4c72b0", "#8172b2", "#937860", "#c44e52", "#55a868"])
     ax.set_ylabel("rollout-step time per run (s)")
-    ax.set_title("two cpu-demo runs on the same cores", fontsize=10)
+    ax.set_title("cpu-demo runs alone (three wait policies) and two on the same cores", fontsize=10)
     plots.save(fig, path)
 
 
