@@ -17,15 +17,16 @@ from pydantic import BaseModel, ValidationError
 from .errors import ConfigError, ConfigIssue, FieldProblem
 from .secrets import redact, redact_tokens, safe_override
 from .settings_model import Settings
-from .train_model import TrainConfig
+from .train_model import DEFER_CROSS_CHECKS, TrainConfig
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                preset: str | None = None) -> TrainConfig:
+                preset: str | None = None, *, defer_cross_checks: bool = False) -> TrainConfig:
     """Read and validate config.toml, then a preset (a TOML file of overrides), then `key=value`
-    overrides (TOML values, dotted keys): later wins."""
+    overrides (TOML values, dotted keys): later wins. `defer_cross_checks`: cross-field problems do not raise
+    (the caller lists them with `TrainConfig.cross_check_problems`)."""
     path = Path(path)
     raw = _read(path, _parse_toml)
     layer = None
@@ -34,7 +35,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
         layer = (str(ppath), _read(ppath, _parse_toml))
         raw = _merge(raw, layer[1])
     over = parse_overrides(overrides)
-    return validate(TrainConfig, _merge(raw, over), str(path), over, preset=layer)
+    return validate(TrainConfig, _merge(raw, over), str(path), over, preset=layer,
+                    context={DEFER_CROSS_CHECKS: True} if defer_cross_checks else None)
 
 
 def preset_names() -> list[str]:
@@ -155,12 +157,12 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def validate(model: type[BaseModel], data: dict, file: str, overrides: dict,
-             preset: tuple[str, dict] | None = None) -> Any:
+             preset: tuple[str, dict] | None = None, context: dict | None = None) -> Any:
     """Validate `data` with `model`; raise `ConfigError` listing every problem with key, range and fix, each
     named after where the value came from: an override (--set), the preset file (`preset` = its path and
     contents) or `file`."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         where = (lambda loc: _source(file, overrides, loc, preset))
         raise ConfigError([_issue(model, err, where) for err in e.errors()]) from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, computed_field, model_validator
+from pydantic import Field, ValidationInfo, computed_field, model_validator
 
 from .base import PathText, Section
 from .errors import FieldProblem
@@ -226,6 +226,10 @@ class ProviderRolloutsConfig(Section):
     """Longest answer requested; unset = model.max_tokens. Longer correct answers are not replayed (counted)."""
 
 
+DEFER_CROSS_CHECKS = "defer_cross_checks"
+"""Validation-context flag: `TrainConfig` validates without raising its cross-field problems (the preflight doctor
+lists them all with `TrainConfig.cross_check_problems`)."""
+
 SINK_NAME = r"^[a-z][a-z0-9_-]{0,39}$"
 """What a metric sink's name looks like (vapo_engine/sinks)."""
 
@@ -346,54 +350,69 @@ class TrainConfig(Section):
     """[rollout] where responses are sampled (the rollout backend)."""
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> TrainConfig:
+    def _cross_checks(self, info: ValidationInfo) -> TrainConfig:
+        """The first cross-field problem stops validation, unless the caller defers them (`DEFER_CROSS_CHECKS` in
+        the validation context: the preflight doctor, which reports every one via `cross_check_problems`)."""
+        if not (info.context or {}).get(DEFER_CROSS_CHECKS):
+            for problem in self.cross_check_problems():
+                raise problem
+        return self
+
+    def cross_check_problems(self) -> list[FieldProblem]:
+        """Every cross-field problem of this config (key, what, fix), in the order validation checks them."""
         t, g = self.training, self.vapo.group_size
+        out: list[FieldProblem] = []
         if t.batch_size % g:
-            raise FieldProblem("training.batch_size", f"batch_size {t.batch_size} is not divisible by "
-                               f"vapo.group_size {g}", f"use a multiple of {g}, e.g. batch_size = "
-                               f"{max(g, t.batch_size - t.batch_size % g)}, or change vapo.group_size")
+            out.append(FieldProblem("training.batch_size", f"batch_size {t.batch_size} is not divisible by "
+                                    f"vapo.group_size {g}", f"use a multiple of {g}, e.g. batch_size = "
+                                    f"{max(g, t.batch_size - t.batch_size % g)}, or change vapo.group_size"))
         if t.algorithm == "grpo" and g < 2:
-            raise FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
-                               f"group_size ≥ 2 (got {g})", "set vapo.group_size = 8 (or use algorithm vapo/ppo)")
-        _check_builtin(self.model.builtin)
+            out.append(FieldProblem("vapo.group_size", "GRPO normalises rewards within a group, so it needs "
+                                    f"group_size ≥ 2 (got {g})",
+                                    "set vapo.group_size = 8 (or use algorithm vapo/ppo)"))
+        try:
+            _check_builtin(self.model.builtin)
+        except FieldProblem as e:
+            out.append(e)
         if t.algorithm == "rft" and self.vapo.positive_lm_coef == 0:
-            raise FieldProblem("vapo.positive_lm_coef", "algorithm rft trains on the positive-example NLL alone, "
-                               "and its weight is 0", "set vapo.positive_lm_coef = 1.0 (or another algorithm)")
+            out.append(FieldProblem("vapo.positive_lm_coef", "algorithm rft trains on the positive-example NLL alone, "
+                                    "and its weight is 0", "set vapo.positive_lm_coef = 1.0 (or another algorithm)"))
         d = self.distributed
         if d.strategy == "fsdp" and self.lora.enabled:
-            raise FieldProblem("distributed.strategy", "fsdp with [lora] is not supported (the adapters are "
-                               "small; the frozen base would need sharding on its own)", "use strategy = "
-                               "\"ddp\" with lora.enabled = true, or fsdp with lora.enabled = false")
+            out.append(FieldProblem("distributed.strategy", "fsdp with [lora] is not supported (the adapters are "
+                                    "small; the frozen base would need sharding on its own)", "use strategy = "
+                                    "\"ddp\" with lora.enabled = true, or fsdp with lora.enabled = false"))
         if d.cpu_offload and d.strategy != "fsdp":
-            raise FieldProblem("distributed.cpu_offload", "cpu_offload needs strategy = \"fsdp\" (it offloads "
-                               "parameter shards)", "set distributed.strategy = \"fsdp\" or cpu_offload = false")
+            out.append(FieldProblem("distributed.cpu_offload", "cpu_offload needs strategy = \"fsdp\" (it offloads "
+                                    "parameter shards)", "set distributed.strategy = \"fsdp\" or cpu_offload = false"))
         if d.node_rank >= d.nnodes:
-            raise FieldProblem("distributed.node_rank", f"node_rank {d.node_rank} must be < nnodes {d.nnodes}",
-                               f"use 0 … {d.nnodes - 1}")
+            out.append(FieldProblem("distributed.node_rank", f"node_rank {d.node_rank} must be < nnodes {d.nnodes}",
+                                    f"use 0 … {d.nnodes - 1}"))
         if self.prompts_per_step % d.world_size:
-            raise FieldProblem("distributed.nproc_per_node", f"{self.prompts_per_step} prompt groups per step "
-                               f"(batch_size / group_size) cannot be split over {d.world_size} processes "
-                               "(a group never spans ranks)", "make batch_size / group_size a multiple of "
-                               "nproc_per_node × nnodes")
+            out.append(FieldProblem("distributed.nproc_per_node", f"{self.prompts_per_step} prompt groups per step "
+                                    f"(batch_size / group_size) cannot be split over {d.world_size} processes "
+                                    "(a group never spans ranks)", "make batch_size / group_size a multiple of "
+                                    "nproc_per_node × nnodes"))
         if self.mini_batch_size % d.world_size:
-            raise FieldProblem("training.mini_batch_size", f"the mini-batch of {self.mini_batch_size} responses "
-                               f"cannot be split over {d.world_size} processes", "use a multiple of "
-                               "nproc_per_node × nnodes")
+            out.append(FieldProblem("training.mini_batch_size", f"the mini-batch of {self.mini_batch_size} responses "
+                                    f"cannot be split over {d.world_size} processes", "use a multiple of "
+                                    "nproc_per_node × nnodes"))
         if t.mini_batch_size and t.batch_size % t.mini_batch_size:
-            raise FieldProblem("training.mini_batch_size", f"mini_batch_size {t.mini_batch_size} does not "
-                               f"divide batch_size {t.batch_size}", "use a divisor of batch_size or unset it")
+            out.append(FieldProblem("training.mini_batch_size", f"mini_batch_size {t.mini_batch_size} does not "
+                                    f"divide batch_size {t.batch_size}", "use a divisor of batch_size or unset it"))
         mini = self.mini_batch_size
         if t.micro_batch_size and mini % t.micro_batch_size:
-            raise FieldProblem("training.micro_batch_size", f"micro_batch_size {t.micro_batch_size} does not "
-                               f"divide the mini-batch size {mini}", "use a divisor of mini_batch_size or unset it")
+            out.append(FieldProblem("training.micro_batch_size", f"micro_batch_size {t.micro_batch_size} does not "
+                                    f"divide the mini-batch size {mini}",
+                                    "use a divisor of mini_batch_size or unset it"))
         if self.vapo.clip_higher and self.vapo.clip_range_high < t.clip_range:
-            raise FieldProblem("vapo.clip_range_high", f"clip_range_high {self.vapo.clip_range_high} is below "
-                               f"training.clip_range {t.clip_range}", "Clip-Higher needs ε_high ≥ ε_low: use "
-                               "the paper's 0.28, or set vapo.clip_higher = false to disable it")
+            out.append(FieldProblem("vapo.clip_range_high", f"clip_range_high {self.vapo.clip_range_high} is below "
+                                    f"training.clip_range {t.clip_range}", "Clip-Higher needs ε_high ≥ ε_low: use "
+                                    "the paper's 0.28, or set vapo.clip_higher = false to disable it"))
         if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
-            raise FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
-                               "use 3.0 (a common choice) or 0 to disable")
-        return self
+            out.append(FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
+                                    "use 3.0 (a common choice) or 0 to disable"))
+        return out
 
     @model_validator(mode="before")
     @classmethod
