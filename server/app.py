@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 from tools import access, training
 from tools import channel as channel_tools
 from tools import diagnose as diagnose_tools
+from tools import doctor as doctor_tools
 from tools import evaluate as evaluate_tools
 from tools import report as report_tools
 from tools.paths import files, manager_for
@@ -112,6 +113,7 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
                         policy=policy or access.Policy("stdio"))
     _channel_tools(mcp)
     _training_tools(mcp)
+    _doctor_tool(mcp)
     _run_tools(mcp)
     _evaluate_tool(mcp)
 
@@ -241,6 +243,21 @@ def _training_tools(mcp: MCPServer) -> None:
                                           limit=limit, plot=plot)
         rep = Report(ablation=res) if isinstance(res, report_tools.AblationReport) else Report(run=res)
         return _with_image(rep, res.plot_png)
+
+
+def _doctor_tool(mcp: MCPServer) -> None:
+    @mcp.tool(annotations=NETWORK)
+    @agent_errors
+    @in_thread
+    def doctor(
+        preset: Annotated[str | None, Field(max_length=200, description="as for start_training")] = None,
+        overrides: Overrides | None = None,
+    ) -> doctor_tools.DoctorReport:
+        """Preflight a run without loading weights (seconds, CPU): batch/group/world-size divisibility, memory
+        per rank for the strategy and precision vs the GPU or RAM, disk for checkpoints, datasets, the chat
+        template round trip, threads, channel and rollout-server reachability. Each finding has its severity,
+        numbers and fix; start_training runs the same checks and refuses on an error."""
+        return doctor_tools.doctor(files(), preset=preset, overrides=list(overrides or []))
 
 
 def _with_image(rep: Report, png: str | None) -> CallToolResult:

@@ -19,6 +19,7 @@ from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
 from . import access
+from .doctor import doctor, refuse_on_error
 from .paths import Files, ToolInputError, manager_for
 
 
@@ -124,17 +125,20 @@ def prepare_config(f: Files, preset: str | None, overrides: list[str]) -> TrainC
 def start_training(f: Files, *, preset: str | None = None, overrides: list[str] = (), tags: list[str] = (),
                    group_id: str | None = None, variant: str | None = None, value_only: bool = False,
                    value_out: str | None = None, provider: ProviderSamplesArgs | None = None) -> StartResult:
-    """Validate config + preset + overrides and the datasets, then queue the run. `value_only`: value
+    """Validate config + preset + overrides and the datasets, run the preflight doctor (an error refuses the run
+    with every finding; its warnings come back with the result), then queue the run. `value_only`: value
     pretraining alone, saving the value model (to `value_out`, default `<run dir>/value_model`). `provider`:
     provider samples (its settings become `provider_rollouts.*` overrides)."""
     overrides = [*overrides, *(provider.overrides() if provider else [])]
     cfg = prepare_config(f, preset, list(overrides))
+    preflight = refuse_on_error(doctor(f, preset=preset, overrides=list(overrides)))  # every finding, before the run
     if value_only and not cfg.decisions.uses_critic:
         raise ToolInputError(f"this config trains no value model (training.algorithm = {cfg.training.algorithm}); "
                              "use vapo or ppo")
     extra = {"mode": "value_pretrain", "value_out": value_out} if value_only else {}
-    return _submit(f, cfg, preset=preset, overrides=list(overrides), tags=list(tags), group_id=group_id,
-                   variant=variant, extra=extra)
+    started = _submit(f, cfg, preset=preset, overrides=list(overrides), tags=list(tags), group_id=group_id,
+                      variant=variant, extra=extra)
+    return started.model_copy(update={"warnings": [*started.warnings, *preflight]})
 
 
 def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[str], tags: list[str],

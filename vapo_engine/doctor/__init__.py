@@ -32,15 +32,20 @@ DIVISIBILITY = ("training.batch_size", "training.mini_batch_size", "training.mic
 
 
 def run_doctor(config_path: str | Path, *, preset: str | None = None, overrides: list[str] | tuple = (),
-               log_dir: str | Path, channel_url: str | None = None, host: Host | None = None) -> DoctorReport:
+               log_dir: str | Path, channel_url: str | None = None, host: Host | None = None,
+               admit: Callable[[object], None] | None = None) -> DoctorReport:
     """Every finding for config.toml + preset + overrides. `log_dir`: where the run's checkpoints would go;
-    `channel_url`: the API channel's base URL (settings.json); `host`: the machine, probed where unset."""
+    `channel_url`: the API channel's base URL (settings.json); `host`: the machine, probed where unset;
+    `admit(config)`: the caller's access check, run on the loaded config before any file it names is read (its
+    exception propagates)."""
     try:
         cfg = load_config(config_path, list(overrides), preset=preset, defer_cross_checks=True)
     except ConfigError as e:
         return DoctorReport.of([error("config", f"{i.key or i.file}: {i.message}", i.fix or None, source=i.file)
                                 for i in e.issues])
     cfg = freeze_paths(cfg, Path(config_path).resolve().parent)
+    if admit is not None:
+        admit(cfg)
     found = config_findings(cfg)
     host = (host or Host()).probed(cfg.training.device, Path(log_dir))
     data, task = _guarded("data", lambda: data_findings(cfg), ([], None))
