@@ -5,11 +5,13 @@ rendezvous. Loader-level: preset names cannot traverse, TOML syntax errors quote
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from mcp import Client
 
 from tests.mcp_helpers import names_a_fix, slot_held, text
+from vapo_engine.builtin_model.shipped import SHIPPED_ROOT
 
 pytestmark = pytest.mark.anyio
 SECRET = "TOPSECRET-4242"
@@ -92,6 +94,7 @@ async def test_http_config_paths_outside_the_roots_are_refused(proj, outside):
                 res = await c.call_tool("start_training", {"preset": preset, "overrides": overrides})
                 msg = text(res)
                 assert res.is_error and "is outside the allowed roots" in msg and SECRET not in msg, (overrides, msg)
+            shutil.copytree(SHIPPED_ROOT / "tiny-addition-v1", proj / "models" / "mine")  # a model: doctor checks it
             ok = await c.call_tool("start_training", {"preset": "cpu-demo", "overrides": [
                 f'model.local_path="{proj / "models" / "mine"}"']})
             assert not ok.is_error, text(ok)

@@ -44,7 +44,7 @@ async def test_tools_listed_with_annotations_and_bounded_inputs(workspace):
     from server.app import build_server
     async with Client(build_server()) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-    assert set(tools) == {"check_channel", "smoke_test", "diagnose_error", "start_training", "ablate",
+    assert set(tools) == {"check_channel", "smoke_test", "diagnose_error", "start_training", "ablate", "doctor",
                           "report_metrics", "list_runs", "run_status", "stop_run", "resume_run", "evaluate"}
     assert tools["stop_run"].annotations.destructive_hint and tools["list_runs"].annotations.read_only_hint
     assert tools["report_metrics"].input_schema["properties"]["limit"]["maximum"] == 500
