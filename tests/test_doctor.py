@@ -33,6 +33,19 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+def unreachable_backend(name: str) -> int:
+    """Register rollout backend `name` whose health check probes a closed loopback port; returns the port."""
+    from vapo_engine.rollout.backends import register_backend
+    port = closed_port()
+
+    @register_backend(name)
+    class Remote:
+        @staticmethod
+        def health_check(options):
+            return tcp_problem("127.0.0.1", port)
+    return port
+
+
 def seven_b(tmp_path: Path, name: str = "Qwen2-7B") -> Path:
     """A 7B Qwen2-shaped model folder: config.json and a tokenizer (the built-in one, no chat template), no
     weights at all."""
@@ -120,15 +133,7 @@ def test_a_tokenizer_without_a_chat_template_for_chat_prompts(tmp_path):
 
 
 def test_an_unreachable_rollout_server_and_api_channel(tmp_path):
-    from vapo_engine.rollout.backends import register_backend
-    port = closed_port()
-
-    @register_backend("doctor_remote")
-    class Remote:
-        @staticmethod
-        def health_check(options):
-            return tcp_problem("127.0.0.1", port)
-
+    port = unreachable_backend("doctor_remote")
     rep = doctor(tmp_path, ['rollout.backend="doctor_remote"', "provider_rollouts.enabled=true"],
                  channel_url=f"http://127.0.0.1:{port}/v1")
     net = only(rep, "network")[0]
@@ -170,15 +175,7 @@ async def test_the_mcp_tool(proj):
 def test_start_training_refuses_on_a_doctor_error(proj):
     from tools.paths import ToolInputError, files
     from tools.training import start_training
-    from vapo_engine.rollout.backends import register_backend
-    port = closed_port()
-
-    @register_backend("doctor_down")
-    class Down:
-        @staticmethod
-        def health_check(options):
-            return tcp_problem("127.0.0.1", port)
-
+    port = unreachable_backend("doctor_down")
     with slot_held(proj / "logs"), pytest.raises(ToolInputError) as e:
         start_training(files(), preset="cpu-demo", overrides=['rollout.backend="doctor_down"'])
     assert "preflight" in str(e.value) and f"127.0.0.1:{port}" in str(e.value) and names_a_fix(str(e.value))

@@ -46,9 +46,7 @@ def read_shape(model_dir: Path) -> Shape:
         cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ValueError(f"{model_dir / 'config.json'} cannot be read ({type(e).__name__})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{model_dir / 'config.json'} is not a JSON object")
-    if cfg.get("model_type") in LLAMA_SHAPED:
+    if isinstance(cfg, dict) and cfg.get("model_type") in LLAMA_SHAPED:
         return _llama_shape(cfg)
     return _meta_shape(model_dir)
 
