@@ -132,6 +132,26 @@ def test_a_tokenizer_without_a_chat_template_for_chat_prompts(tmp_path):
     assert any(f.check == "template" and "round trip ok" in f.what for f in auto.findings), auto.text()
 
 
+TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ CONTENT }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+@pytest.mark.parametrize("content, ok", [("m['content']", True), ("m['content'][:4]", False)])
+def test_the_chat_template_round_trip(tmp_path, content, ok):
+    """A template that keeps the answer reads back through the task's checker; one that cuts it is an error."""
+    folder = seven_b(tmp_path, "Qwen2-7B-Instruct")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE.replace(
+        "CONTENT", content)}))
+    rep = doctor(tmp_path, [f'model.local_path="{folder}"', 'model.prompt_format="chat"'])
+    tpl = [f for f in rep.findings if f.check == "template"]
+    assert len(tpl) == 1 and tpl[0].evidence["format"] == "chat", rep.text()
+    if ok:
+        assert tpl[0].severity == "info" and "round trip ok" in tpl[0].what
+    else:
+        assert tpl[0].severity == "error" and "answer checker" in tpl[0].what and "prompt_format" in tpl[0].fix
+
+
 def test_an_unreachable_rollout_server_and_api_channel(tmp_path):
     port = unreachable_backend("doctor_remote")
     rep = doctor(tmp_path, ['rollout.backend="doctor_remote"', "provider_rollouts.enabled=true"],
