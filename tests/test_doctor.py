@@ -199,3 +199,14 @@ def test_start_training_refuses_on_a_doctor_error(proj):
     with slot_held(proj / "logs"), pytest.raises(ToolInputError) as e:
         start_training(files(), preset="cpu-demo", overrides=['rollout.backend="doctor_down"'])
     assert "preflight" in str(e.value) and f"127.0.0.1:{port}" in str(e.value) and names_a_fix(str(e.value))
+
+
+@pytest.mark.anyio
+async def test_the_tool_confines_paths_for_remote_callers(proj, tmp_path):
+    """Over HTTP the doctor reads no file outside the allowed roots: refused before the model folder is read."""
+    from server.app import build_server
+    from tools.access import Policy
+    folder = seven_b(tmp_path)  # outside the project
+    async with Client(build_server(Policy("http", ()))) as c:
+        res = await c.call_tool("doctor", {"overrides": [f'model.local_path="{folder}"']})
+    assert res.is_error and "is outside the allowed roots" in text(res)
