@@ -44,9 +44,9 @@ async def test_resources_over_http_refuse_bad_ids_and_outside_paths_like_the_too
     outside = tmp_path / "outside.log"
     outside.write_text("OUTSIDE-CONTENT " + CANARY)
     with slot_held(_runs_root(proj)):
-        run_id = _queued_run(proj)
-        from tools.training import views_for
+        plain, run_id = _queued_run(proj), _queued_run(proj)
         from tools.paths import files
+        from tools.training import views_for
         log_link = views_for(files()).get(run_id).rundir.file("worker.log")
         log_link.symlink_to(outside)
         port = closed_port()
@@ -58,7 +58,12 @@ async def test_resources_over_http_refuse_bad_ids_and_outside_paths_like_the_too
                 templates = {t.uri_template for t in (await c.list_resource_templates()).resource_templates}
                 assert templates == {f"vapo://runs/{{run_id}}{p}" for p in RUN_URIS}
                 listed = json.loads((await c.read_resource("vapo://runs")).contents[0].text)
-                assert run_id in [r["run_id"] for r in listed["runs"]]
+                assert {plain, run_id} <= {r["run_id"] for r in listed["runs"]}
+                status = json.loads((await c.read_resource(f"vapo://runs/{plain}")).contents[0].text)
+                assert status["run"]["state"] == "queued" and status["next_steps"]
+                metrics = json.loads((await c.read_resource(f"vapo://runs/{plain}/metrics")).contents[0].text)
+                assert metrics["records"] == [] and metrics["step"] == 0
+                assert (await c.read_resource(f"vapo://runs/{plain}/log")).contents[0].text == ""
                 config = json.loads((await c.read_resource(f"vapo://runs/{run_id}/config")).contents[0].text)
                 assert config["config"]["training"]["total_steps"] > 0 and config["channel"]["key"] != CANARY
                 assert "no metrics yet" in await _refused(c, f"vapo://runs/{run_id}/plot.png")
@@ -186,15 +191,16 @@ async def test_resources_over_stdio_and_a_listener_is_told_when_the_run_finishes
             run_id = started.structured_content["run"]["run_id"]
             with anyio.fail_after(60):
                 assert (await runs_sub.__anext__()).uri == "vapo://runs"  # the new run (or its start)
-        state, events = None, []
-        async with c.listen(resource_subscriptions=[f"vapo://runs/{run_id}"]) as sub:
-            with anyio.fail_after(480):
-                async for event in sub:
-                    events.append(event.uri)
-                    status = json.loads((await c.read_resource(f"vapo://runs/{run_id}")).contents[0].text)
-                    state = status["run"]["state"]
-                    if status["run"]["state"] in ("succeeded", "failed", "stopped"):
-                        break
+            state, events = None, []
+            # the list listener stays open, so the poller keeps its view of the runs while the run's opens
+            async with c.listen(resource_subscriptions=[f"vapo://runs/{run_id}"]) as sub:
+                with anyio.fail_after(480):
+                    async for event in sub:
+                        events.append(event.uri)
+                        status = json.loads((await c.read_resource(f"vapo://runs/{run_id}")).contents[0].text)
+                        state = status["run"]["state"]
+                        if state in ("succeeded", "failed", "stopped"):
+                            break
         assert state == "succeeded", status["log_tail"]
         assert set(events) == {f"vapo://runs/{run_id}"}
 
