@@ -46,6 +46,9 @@ RUNS = "vapo://runs"
 PARTS = ("", "/metrics", "/log", "/plot.png")
 """The URIs of a run (after vapo://runs/<id>) whose content changes with its state and evaluations."""
 POLL_S = 2.0
+MAX_LEGACY_CLIENTS = 256
+"""Connections remembered for resources/subscribe (a client that left is forgotten at its next notification, or
+when this many newer ones have subscribed)."""
 JSON, TEXT, PNG = "application/json", "text/plain", "image/png"
 OWN_CHECKS = ResourceSecurity(reject_path_traversal=False, reject_absolute_paths=False, reject_null_bytes=False)
 """The run id is checked by `_run_id` (the tools' RunId: no '/', no leading '.', no NUL), so the SDK's generic
@@ -71,16 +74,16 @@ def _run_id(value: str) -> str:
 
 def register_resources(mcp: MCPServer, watch: RunWatch) -> None:
     """Add the run resources to `mcp` (reads under `mcp.policy`) and serve `resources/subscribe`."""
-    def read(fn: Callable, *args):
-        async def run():
-            try:
-                with access.applied(mcp.policy):
-                    return await anyio.to_thread.run_sync(functools.partial(fn, files(), *args))
-            except Exception as e:
-                if is_user_error(e):
-                    raise MCPError(INVALID_PARAMS, public_message(e, known_secrets())) from None
-                raise
-        return run()
+    async def read(fn: Callable, *args):
+        """`fn(files, *args)` in a worker thread under the server's policy; a user error becomes the client's
+        invalid-params error with the tools' (scrubbed) message, anything else stays a crash."""
+        try:
+            with access.applied(mcp.policy):
+                return await anyio.to_thread.run_sync(functools.partial(fn, files(), *args))
+        except Exception as e:
+            if is_user_error(e):
+                raise MCPError(INVALID_PARAMS, public_message(e, known_secrets())) from None
+            raise
 
     def per_run(part: str, fn: Callable, mime: str, name: str, title: str, describe: str, encode=json.dumps):
         uri = f"{RUNS}/{{run_id}}{part}"
@@ -111,7 +114,7 @@ def register_resources(mcp: MCPServer, watch: RunWatch) -> None:
 
 class CountingBus(InMemorySubscriptionBus):
     """The SDK's in-process bus of `subscriptions/listen` streams, which also counts them (the watcher polls only
-    while there are some) and calls `on_change` when a stream opens or closes."""
+    while there are some) and calls `on_change` when one opens."""
 
     def __init__(self, on_change: Callable[[], None]):
         super().__init__()
@@ -143,6 +146,7 @@ class RunWatch:
         """connection → (its latest session, the URIs it subscribed to with resources/subscribe)."""
         self._task: asyncio.Task | None = None
         self._seen: dict[str, tuple] = {}
+        self._failed: str | None = None
 
     @property
     def subscribed(self) -> bool:
@@ -161,17 +165,20 @@ class RunWatch:
                 self._task = None
                 return
             try:
-                changed = await anyio.to_thread.run_sync(self._changes, first)
+                changed, failed = await anyio.to_thread.run_sync(self._changes, first), None
             except Exception as e:  # noqa: BLE001 - a bad settings file or registry must not kill the poller
-                log.warning("run watch: %s", e)
-                changed = []
+                changed, failed = [], public_message(e, known_secrets())
+                if failed != self._failed:  # said once, not every poll
+                    log.warning("run watch: %s", failed)
+            self._failed = failed
             first = False
             for uri in changed:
                 await self._publish(uri)
             await anyio.sleep(self.interval)
 
     def _changes(self, baseline: bool) -> list[str]:
-        """The URIs to announce since the last poll ([] on the first poll, which only records what is)."""
+        """The URIs to announce since the last poll ([] on the first poll, which only records what is). Advances
+        the queue first, as every run tool does (a run whose supervisor died is marked failed: a state change)."""
         views = training.views_for(files(), tick=True)
         seen, out = {}, []
         for rec in views.manager.registry.list(limit=contents.LIST_LIMIT):
@@ -204,7 +211,10 @@ class RunWatch:
             key = getattr(ctx.session, "_connection", ctx.session)  # one entry per client connection
             uris = self._legacy.get(key, (None, set()))[1]
             uris.add(str(params.uri))
-            self._legacy[key] = (ctx.session, uris)
+            self._legacy.pop(key, None)
+            self._legacy[key] = (ctx.session, uris)  # newest last; the oldest go beyond MAX_LEGACY_CLIENTS
+            while len(self._legacy) > MAX_LEGACY_CLIENTS:
+                self._legacy.pop(next(iter(self._legacy)))
             self._wake()
             return EmptyResult()
 
