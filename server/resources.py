@@ -30,7 +30,13 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
+from mcp_types import (
+    INVALID_PARAMS,
+    EmptyResult,
+    SubscribeRequestParams,
+    SubscriptionsListenRequestParams,
+    UnsubscribeRequestParams,
+)
 from pydantic import BaseModel, ValidationError
 
 from tools import access, training
@@ -109,7 +115,7 @@ def register_resources(mcp: MCPServer, watch: RunWatch) -> None:
             encode=bytes)
     per_run("/config", contents.run_config, JSON, "run_config", "Run config",
             "A run's effective config: the frozen config.json and its settings snapshot (key redacted).")
-    watch.serve_legacy_subscriptions(mcp)
+    watch.serve_subscriptions(mcp)
 
 
 class CountingBus(InMemorySubscriptionBus):
@@ -137,7 +143,8 @@ class CountingBus(InMemorySubscriptionBus):
 
 class RunWatch:
     """Tells subscribers when a run changes state or logs an evaluation, by polling the read model of runs every
-    `interval` seconds on the server's event loop while anyone is subscribed (and not at all otherwise)."""
+    `interval` seconds on the server's event loop while anyone is subscribed (and not at all otherwise). How the
+    runs are is recorded before a subscription is acknowledged, so every change after that is announced."""
 
     def __init__(self, interval: float = POLL_S):
         self.interval = interval
@@ -146,20 +153,30 @@ class RunWatch:
         """connection → (its latest session, the URIs it subscribed to with resources/subscribe)."""
         self._task: asyncio.Task | None = None
         self._seen: dict[str, tuple] = {}
+        self._recorded = False
+        """`_seen` was just recorded by `_record` (the poller's first poll then announces what changed since)."""
         self._failed: str | None = None
 
     @property
     def subscribed(self) -> bool:
         return self.bus.listeners > 0 or any(uris for _, uris in self._legacy.values())
 
+    async def _record(self) -> None:
+        """Before a subscription is acknowledged, when no poller runs: record how the runs are now."""
+        if self._task is None:
+            try:
+                await anyio.to_thread.run_sync(self._changes, True)
+                self._recorded = True
+            except Exception:  # noqa: BLE001 - the poller's first poll records it instead (and says why not)
+                pass
+
     def _wake(self) -> None:
         """Start the poller if someone is subscribed and it is not running (called on the event loop)."""
         if self._task is None and self.subscribed:
-            self._task = asyncio.get_running_loop().create_task(self._poll_loop())
+            first, self._recorded = not self._recorded, False
+            self._task = asyncio.get_running_loop().create_task(self._poll_loop(first))
 
-    async def _poll_loop(self) -> None:
-        self._seen = {}
-        first = True
+    async def _poll_loop(self, first: bool) -> None:
         while True:
             if not self.subscribed:  # checked and cleared with no await in between: _wake sees None after
                 self._task = None
@@ -171,7 +188,7 @@ class RunWatch:
                 if failed != self._failed:  # said once, not every poll
                     log.warning("run watch: %s", failed)
             self._failed = failed
-            first = False
+            first = first and failed is not None  # until a poll succeeds, the next one only records
             for uri in changed:
                 await self._publish(uri)
             await anyio.sleep(self.interval)
@@ -204,14 +221,15 @@ class RunWatch:
                 except Exception:  # noqa: BLE001 - the client is gone: forget its subscriptions
                     self._legacy.pop(key, None)
 
-    def serve_legacy_subscriptions(self, mcp: MCPServer) -> None:
-        """Answer `resources/subscribe` / `resources/unsubscribe` (the 2025-11-25 form; the 2026-07-28 form is
-        the SDK's `subscriptions/listen` on `self.bus`)."""
+    def serve_subscriptions(self, mcp: MCPServer) -> None:
+        """Answer `resources/subscribe` / `resources/unsubscribe` (the 2025-11-25 form), and record the runs
+        before the SDK's `subscriptions/listen` (the 2026-07-28 form, on `self.bus`) acknowledges a stream."""
         async def subscribe(ctx, params: SubscribeRequestParams) -> EmptyResult:
             key = getattr(ctx.session, "_connection", ctx.session)  # one entry per client connection
             uris = self._legacy.get(key, (None, set()))[1]
             uris.add(str(params.uri))
             self._legacy.pop(key, None)
+            await self._record()
             self._legacy[key] = (ctx.session, uris)  # newest last; the oldest go beyond MAX_LEGACY_CLIENTS
             while len(self._legacy) > MAX_LEGACY_CLIENTS:
                 self._legacy.pop(next(iter(self._legacy)))
@@ -223,6 +241,12 @@ class RunWatch:
             self._legacy.get(key, (None, set()))[1].discard(str(params.uri))
             return EmptyResult()
 
-        server = mcp._lowlevel_server  # the SDK's MCPServer serves neither method itself
+        server = mcp._lowlevel_server  # the SDK's MCPServer serves neither resources/(un)subscribe itself
         server.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
         server.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+        sdk_listen = server.get_request_handler("subscriptions/listen")
+        if sdk_listen is not None:
+            async def listen(ctx, params: SubscriptionsListenRequestParams):
+                await self._record()
+                return await sdk_listen.handler(ctx, params)
+            server.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)

@@ -1,6 +1,7 @@
 """MCP resources of runs and prompts (issue 26 items 2-3): resources listed and read over stdio and streamable
 HTTP; a bad run id or a file resolving outside the allowed roots refused with the tools' own message; subscribers
-notified when a run changes state (resources/subscribe) and when a real tiny run finishes (subscriptions/listen);
+notified when a run changes state (subscriptions/listen over HTTP, resources/subscribe in memory) and when a real
+tiny run finishes (subscriptions/listen over stdio);
 the poller runs only while someone is subscribed; prompts listed and filled in with the right tool calls."""
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ async def test_resources_over_http_refuse_bad_ids_and_outside_paths_like_the_too
                 metrics = json.loads((await c.read_resource(f"vapo://runs/{plain}/metrics")).contents[0].text)
                 assert metrics["records"] == [] and metrics["step"] == 0
                 assert (await c.read_resource(f"vapo://runs/{plain}/log")).contents[0].text == ""
+                async with c.listen(resource_subscriptions=[f"vapo://runs/{plain}"]) as sub:
+                    assert not (await c.call_tool("stop_run", {"run_id": plain})).is_error
+                    with anyio.fail_after(30):
+                        assert (await sub.__anext__()).uri == f"vapo://runs/{plain}"
                 config = json.loads((await c.read_resource(f"vapo://runs/{run_id}/config")).contents[0].text)
                 assert config["config"]["training"]["total_steps"] > 0 and config["channel"]["key"] != CANARY
                 assert "no metrics yet" in await _refused(c, f"vapo://runs/{run_id}/plot.png")
@@ -106,8 +111,8 @@ async def test_legacy_subscriber_is_told_when_a_run_changes_state(proj):
         async with Client(build_server(), mode="legacy", message_handler=on_message) as c:
             assert c.server_capabilities.resources.subscribe
             await c.session.subscribe_resource(f"vapo://runs/{run_id}")
-            await anyio.sleep(0.5)  # the first poll records how things are
-            assert not got
+            await anyio.sleep(0.3)
+            assert not got  # subscribing announces nothing; a change after it is announced
             stopped = await c.call_tool("stop_run", {"run_id": run_id})
             assert not stopped.is_error, text(stopped)
             with anyio.fail_after(30):
