@@ -167,8 +167,8 @@ class RunWatch:
             try:
                 await anyio.to_thread.run_sync(self._changes, True)
                 self._recorded = True
-            except Exception:  # noqa: BLE001 - the poller's first poll records it instead (and says why not)
-                pass
+            except Exception as e:  # noqa: BLE001 - the poller's first poll records it instead (and says why not)
+                log.debug("run watch: not recorded before the subscription: %s", public_message(e))
 
     def _wake(self) -> None:
         """Start the poller if someone is subscribed and it is not running (called on the event loop)."""
