@@ -45,7 +45,7 @@ def run_metrics(f: Files, run_id: str, uri: str) -> dict:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a torn or hostile line
             continue
         if isinstance(rec, dict):
             records.append(rec)
