@@ -34,6 +34,8 @@ from vapo_engine.variants import VARIANTS
 
 from . import arguments as arguments_text
 from .errors import agent_errors
+from .prompts import register_prompts
+from .resources import RunWatch, register_resources
 
 log = logging.getLogger("vapo_mcp.server")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
@@ -41,8 +43,7 @@ NETWORK = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_worl
 STARTS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True)
 
-RunId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                             description="a run id from start_training / list_runs (or an ablation id abl-…)")]
+RunId = arguments_text.RunId
 Overrides = Annotated[list[Annotated[str, Field(max_length=300)]], Field(
     max_length=50, description="config.toml overrides as 'section.key=value', e.g. 'vapo.alpha=0.8'")]
 
@@ -108,14 +109,18 @@ class VapoMCPServer(MCPServer):
 
 
 def build_server(policy: access.Policy | None = None) -> MCPServer:
-    """The server with every tool; `policy` says who its clients are (default: a local stdio agent)."""
+    """The server with every tool, the run resources and the prompts; `policy` says who its clients are (default:
+    a local stdio agent)."""
+    watch = RunWatch()
     mcp = VapoMCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan,
-                        policy=policy or access.Policy("stdio"))
+                        policy=policy or access.Policy("stdio"), subscriptions=watch.bus)
     _channel_tools(mcp)
     _training_tools(mcp)
     _doctor_tool(mcp)
     _run_tools(mcp)
     _evaluate_tool(mcp)
+    register_resources(mcp, watch)
+    register_prompts(mcp)
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(request):

@@ -12,9 +12,9 @@ Values are shown only when short, and scrubbed (a key pasted into an argument mu
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from vapo_engine.providers import scrub
 
@@ -22,6 +22,10 @@ RANGE = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
 TOO_LONG, TOO_SHORT = {"string_too_long", "too_long"}, {"string_too_short", "too_short"}
 CHOICE = {"literal_error", "enum"}
 SPECIFIC = RANGE | TOO_LONG | TOO_SHORT | CHOICE | {"string_pattern_mismatch", "missing"}
+
+RunId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             description="a run id from start_training / list_runs (or an ablation id abl-…)")]
+"""A run id as every tool and resource takes it: no path separators, no leading dot, so never a path."""
 
 
 def unknown_tool(name: str, names: list[str]) -> str:
