@@ -99,3 +99,22 @@ def test_a_tracking_uri_with_credentials_is_refused_with_the_fix():
     assert "MLFLOW_TRACKING_PASSWORD" in str(e.value)
     cfg = load_config(ROOT / "config.toml", ['logging.mlflow_tracking_uri="http://127.0.0.1:5000"'])
     assert cfg.logging.mlflow_tracking_uri == "http://127.0.0.1:5000"
+
+
+def test_a_wandb_run_is_written_offline_under_the_run_directory(tmp_path, model_dir, monkeypatch):
+    pytest.importorskip("wandb")  # not in the dev extra: pip install -e '.[wandb]' to run this test
+    for var in ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from vapo_engine.trainer.loop import train
+    run_dir = make_run(tmp_path, model_dir, ['logging.sinks=["jsonl", "wandb"]'])
+    lines: list[str] = []
+    assert train(run_dir, log=lines.append)["status"] == "succeeded"
+    assert not [ln for ln in lines if "WARNING" in ln], lines
+    [offline] = (run_dir / "wandb").glob("offline-run-*-run")  # offline, id = the run id
+    log = (offline / "run-run.wandb").read_bytes()  # W&B's own record log (`wandb sync` uploads it)
+    names = {name for rec in read_metrics(run_dir / "metrics.jsonl") for name, _ in metric_items(rec)}
+    assert {"rollout/reward_mean", "eval/greedy_accuracy", "critic/pretrain_value_loss"} <= names
+    missing = [n for n in sorted(names) if n.encode() not in log]
+    assert not missing, missing  # every metric under its catalogue name (W&B keeps no readable copy offline)
+    assert all(s in log for s in (b"report.png", b"summary.json", b"reasoning", b"total_steps"))
