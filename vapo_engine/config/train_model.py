@@ -242,9 +242,17 @@ class LoggingConfig(Section):
     """Metric sinks, in order: "jsonl" (metrics.jsonl in the run directory, which list_runs, run_status,
     report_metrics and the diagnostics read; always required), "tensorboard" (event files in tb/; skipped when
     tensorboard is not installed), "console" (one progress line per record in the worker log, which
-    `vapo-mcp train` prints). A sink that code registers with vapo_engine.sinks.register_sink is named the same
-    way; an unknown name is refused with the list of known ones. From the command line:
-    --set 'logging.sinks=["jsonl","console"]'."""
+    `vapo-mcp train` prints), "mlflow" and "wandb" (experiment trackers: pip install 'vapo-mcp[mlflow]' or
+    'vapo-mcp[wandb]'; without the package, or with the tracker unreachable, a warning in the worker log and
+    the run goes on without it; docs/training.md "Experiment tracking"). A sink that code registers with
+    vapo_engine.sinks.register_sink is named the same way; an unknown name is refused with the list of known
+    ones. From the command line: --set 'logging.sinks=["jsonl","console","mlflow"]'."""
+    mlflow_tracking_uri: str | None = Field(None, min_length=1, max_length=2000)
+    """Where the "mlflow" sink records runs: any MLflow tracking URI (http://host:5000, sqlite:///path.db,
+    databricks, file:/path). Unset: the MLFLOW_TRACKING_URI environment variable, else a local store in
+    <runtime.log_dir>/mlruns (view it with `mlflow ui --backend-store-uri <that folder>`). No credentials in
+    the URI (the run's config snapshot strips them): set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or
+    MLFLOW_TRACKING_TOKEN in the environment instead."""
 
     @model_validator(mode="after")
     def _check_sinks(self) -> LoggingConfig:
@@ -254,6 +262,11 @@ class LoggingConfig(Section):
                                'sinks = ["jsonl", "tensorboard", "console"]')
         if len(set(self.sinks)) < len(self.sinks):
             raise FieldProblem("logging.sinks", "a sink is named twice", "name each sink once")
+        if self.mlflow_tracking_uri and "@" in self.mlflow_tracking_uri.split("://", 1)[-1].split("/", 1)[0]:
+            raise FieldProblem("logging.mlflow_tracking_uri", "the URI carries credentials (user:password@), "
+                               "which the run's config snapshot would strip", "remove them from the URI and "
+                               "export MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or "
+                               "MLFLOW_TRACKING_TOKEN) for the server that starts runs")
         return self
 
 

@@ -1,6 +1,6 @@
-"""Metric sinks by name. config.toml's `logging.sinks` lists names from this table; a new sink (a tracker such
-as MLflow or W&B) is one module with a class taking a `SinkContext`, plus one entry here — or, from outside the
-package, one `register_sink(name, factory)` call before the run starts."""
+"""Metric sinks by name. config.toml's `logging.sinks` lists names from this table; a new sink is one module with
+a class taking a `SinkContext` (a tracker: a `tracking.TrackerSink`, as mlflow.py and wandb.py), plus one entry
+here — or, from outside the package, one `register_sink(name, factory)` call before the run starts."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,9 @@ from vapo_engine.errors import UserError
 from .base import Sink, SinkContext
 from .console import ConsoleSink
 from .jsonl import JsonlSink
+from .mlflow import MlflowSink
 from .tensorboard import TensorBoardSink
+from .wandb import WandbSink
 
 SinkFactory = Callable[[SinkContext], Sink]
 
@@ -20,6 +22,8 @@ SINKS: dict[str, SinkFactory] = {
     "jsonl": JsonlSink,
     "tensorboard": TensorBoardSink,
     "console": ConsoleSink,
+    "mlflow": MlflowSink,  # optional extra vapo-mcp[mlflow]; a warning and no tracking without it
+    "wandb": WandbSink,  # optional extra vapo-mcp[wandb]; likewise
 }
 
 
