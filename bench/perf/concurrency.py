@@ -32,6 +32,9 @@ NAIVE_STRIP = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OM
 
 
 SCENARIOS = ("alone", "alone-active", "alone-passive", "two-naive", "two-sized")
+SMOKE_SCENARIOS = ("alone", "alone-passive", "two-sized")
+"""--smoke leaves out the two spinning scenarios (forced ACTIVE, naive): on 2 cores they take minutes even at
+smoke size, and the smoke only checks that the benchmark runs and writes its record."""
 WAIT = {"alone-active": "ACTIVE", "alone-passive": "PASSIVE"}
 
 
@@ -92,25 +95,27 @@ def main() -> None:
     builtin_model_dir(log=lambda m: print(m, flush=True))  # build/cache outside the timed part
     steps = 2 if args.smoke else args.steps
     repeats = 1 if args.smoke else max(1, args.repeats)
-    rounds = [[scenario(s, steps, args.smoke) for s in SCENARIOS] for _ in range(repeats)]
-    rows = [_pool([rnd[i] for rnd in rounds]) for i in range(len(SCENARIOS))]
-    by = {r["scenario"]: r for r in rows}
-    alone = by["alone"]["mean_step_time_s"]
+    names = SMOKE_SCENARIOS if args.smoke else SCENARIOS
+    rounds = [[scenario(s, steps, args.smoke) for s in names] for _ in range(repeats)]
+    rows = [_pool([rnd[i] for rnd in rounds]) for i in range(len(names))]
+    by = {r["scenario"]: r["mean_step_time_s"] for r in rows}
+    alone = by["alone"]
     for r in rows:
         r["step_time_vs_alone"] = round(r["mean_step_time_s"] / alone, 2)
         print(f"{r['scenario']:13} threads {r['threads']:>13}  wait {r['wait_policy']:8}  step "
               f"{r['mean_step_time_s']:.3f}s {r['round_means']} ({r['step_time_vs_alone']:.2f}x alone)  "
               f"wall {r['wall_s']:.0f}s  load {r['load_avg_start']} -> {r['load_avg_end']}", flush=True)
-    naive, sized = by["two-naive"]["mean_step_time_s"], by["two-sized"]["mean_step_time_s"]
-    summary = {"naive_over_sized": round(naive / sized, 2), "sized_over_alone": round(sized / alone, 2),
-               "alone_over_active": round(alone / by["alone-active"]["mean_step_time_s"], 2),
-               "passive_over_alone": round(by["alone-passive"]["mean_step_time_s"] / alone, 2)}
-    print(f"two runs at once: sized threads make a step {summary['naive_over_sized']:.2f}x faster than torch's "
-          f"defaults and {summary['sized_over_alone']:.2f}x a run alone; alone vs forced ACTIVE wait "
-          f"{summary['alone_over_active']:.2f}x; forced PASSIVE vs alone {summary['passive_over_alone']:.2f}x")
+    ratio = (lambda a, b: round(by[a] / by[b], 2) if a in by and b in by else None)
+    summary = {"naive_over_sized": ratio("two-naive", "two-sized"), "sized_over_alone": ratio("two-sized", "alone"),
+               "alone_over_active": ratio("alone", "alone-active"),
+               "passive_over_alone": ratio("alone-passive", "alone")}
+    print("ratios: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     path = write_record("concurrency", {"steps": steps, "config": {"steps": steps, "smoke": args.smoke,
                                                                    "repeats": repeats},
-                                        "rows": rows, **summary}, Path(args.out) if args.out else None)
+                                        "rows": rows, **summary,
+                                        "load_avg_start": rounds[0][0]["load_avg_start"],
+                                        "load_avg_end": rounds[-1][-1]["load_avg_end"]},
+                        Path(args.out) if args.out else None)
     _plot(rows, path.with_suffix(".png"))
     print(f"record: {path}")
 
