@@ -20,6 +20,10 @@ import shlex
 import sys
 from pathlib import Path
 
+if not __package__:  # run as a file (`python bench/report.py`): the bench package is not importable that way
+    sys.exit("bench/report.py is a module of the bench package: run it from the repository root as "
+             "`.venv/bin/python -m bench.report [--write | --check]`")
+
 from bench.lib import render
 from bench.lib.records import REPO
 
