@@ -105,3 +105,28 @@ async def call_http(port: int, tool: str, args: dict, token: str = HTTP_TOKEN):
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=300)
     async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as c:
         return await c.call_tool(tool, args)
+
+
+@contextmanager
+def uvicorn_in_thread(app, **config):
+    """`app` on a real uvicorn server on 127.0.0.1 in a thread (extra uvicorn.Config arguments in `config`);
+    yields its port, and stops it on exit."""
+    import threading
+
+    import uvicorn
+
+    from tests.fake_openai import closed_port
+    port = closed_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+

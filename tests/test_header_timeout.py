@@ -4,20 +4,19 @@ runs the MCP server's HTTP app with the project's protocol class and a 0.5 s hea
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import anyio
 import httpx
 import pytest
-import uvicorn
 
 from server.app import build_server
 from server.http import http_app
-from tests.fake_openai import closed_port
+from tests.mcp_helpers import uvicorn_in_thread
 from vapo_engine.serving.header_timeout import protocol
 
 TIMEOUT = 0.5
+CONFIG = {"log_level": "warning", "timeout_keep_alive": 30, "http": protocol(TIMEOUT)}
 
 
 async def _slow(scope, receive, send):
@@ -29,33 +28,16 @@ async def _slow(scope, receive, send):
     await send({"type": "http.response.body", "body": b"done"})
 
 
-def _serve(app):
-    port = closed_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                        timeout_keep_alive=30, http=protocol(TIMEOUT)))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    return port, srv, thread
-
-
 @pytest.fixture
 def port(proj):
-    port, srv, thread = _serve(http_app(build_server(), host="127.0.0.1", token=None))
-    yield port
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with uvicorn_in_thread(http_app(build_server(), host="127.0.0.1", token=None), **CONFIG) as port:
+        yield port
 
 
 @pytest.fixture
 def slow_port():
-    port, srv, thread = _serve(_slow)
-    yield port
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with uvicorn_in_thread(_slow, **CONFIG) as port:
+        yield port
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> float | None:

@@ -8,21 +8,18 @@ import logging
 import os
 import subprocess
 import sys
-import threading
-import time
 from contextlib import contextmanager
 
 import anyio
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.fake_openai import closed_port
 from tests.mcp_helpers import HTTP_TOKEN as TOKEN
-from tests.mcp_helpers import serve_http, text
+from tests.mcp_helpers import serve_http, text, uvicorn_in_thread
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
@@ -32,19 +29,8 @@ ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "appl
 @contextmanager
 def serving(app):
     """`app` on a real uvicorn server in a thread; its log records propagate to pytest's caplog."""
-    port = closed_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
+    with uvicorn_in_thread(app, log_config=None, log_level="info") as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
 
 
 def test_any_wrong_authorization_header_gets_401_and_no_traceback(proj, caplog):
