@@ -36,6 +36,7 @@ from . import arguments as arguments_text
 from .errors import agent_errors
 from .prompts import register_prompts
 from .resources import RunWatch, register_resources
+from .tasks import RunTasks
 
 log = logging.getLogger("vapo_mcp.server")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
@@ -109,11 +110,11 @@ class VapoMCPServer(MCPServer):
 
 
 def build_server(policy: access.Policy | None = None) -> MCPServer:
-    """The server with every tool, the run resources and the prompts; `policy` says who its clients are (default:
+    """The server with every tool, the run resources, the prompts and tasks (server.tasks); `policy` says who its clients are (default:
     a local stdio agent)."""
-    watch = RunWatch()
+    watch, tasks = RunWatch(), RunTasks()
     mcp = VapoMCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan,
-                        policy=policy or access.Policy("stdio"), subscriptions=watch.bus)
+                        policy=policy or access.Policy("stdio"), subscriptions=watch.bus, extensions=[tasks])
     _channel_tools(mcp)
     _training_tools(mcp)
     _doctor_tool(mcp)
@@ -121,6 +122,7 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
     _evaluate_tool(mcp)
     register_resources(mcp, watch)
     register_prompts(mcp)
+    tasks.attach(mcp)
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(request):
