@@ -134,7 +134,8 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
 INSTRUCTIONS = ("Check an OpenAI-compatible API channel (check_channel, smoke_test), diagnose errors "
                 "(diagnose_error), and run/ablate/monitor VAPO RL training on local hardware (start_training, "
                 "ablate, run_status, report_metrics, list_runs, stop_run, resume_run). Training calls return a "
-                "run id at once; poll run_status. evaluate measures held-out accuracy of the API model or a "
+                "run id at once; poll run_status (clients with MCP task support can call start_training, ablate and "
+                "evaluate as tasks: the task id is the run id). evaluate measures held-out accuracy of the API model or a "
                 "run's checkpoint the way a run evaluates its policy.")
 
 

@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     CallToolResult,
     CancelTaskRequestParams,
     GetTaskPayloadRequestParams,
@@ -152,9 +153,11 @@ class RunTasks(Extension):
     async def legacy_middleware(self, ctx, call_next):
         """2025-11-25: a task-augmented tools/call (`params.task`) of a task tool gets `{task}`."""
         params = ctx.params if isinstance(ctx.params, Mapping) else {}
-        if (ctx.method != "tools/call" or _modern_era(ctx) or not isinstance(params.get("task"), Mapping)
-                or params.get("name") not in TASK_TOOLS):
+        if ctx.method != "tools/call" or _modern_era(ctx) or not isinstance(params.get("task"), Mapping):
             return await call_next(ctx)
+        if params.get("name") not in TASK_TOOLS:  # the tools list says taskSupport only for these
+            raise MCPError(METHOD_NOT_FOUND, f"tool {str(params.get('name'))[:100]!r} does not run as a task: call "
+                                             f"it without params.task (tools that do: {', '.join(TASK_TOOLS)})")
         view, result = await self.start(params["name"], lambda: call_next(ctx))
         return result if view is None else {"task": _legacy(view)}
 

@@ -2,7 +2,8 @@
 `io.modelcontextprotocol/tasks` extension and over streamable HTTP with the 2025-11-25 form, each on real tiny runs
 of the built-in model — a task-augmented start_training returns a task, tasks/get shows its progress rising,
 tasks/cancel stops it after a checkpoint, a second task runs to completion and returns the run's summary, a plain
-tools/call still works, and a new server process answers for the tasks of the previous one. In memory (no
+tools/call still works, and a new server process answers for the tasks of the previous one (in both forms, on
+either transport). In memory (no
 training): unknown and outside task ids, a client that declares no task support, ablate and evaluate as tasks."""
 from __future__ import annotations
 
@@ -107,6 +108,9 @@ async def test_tasks_over_stdio_2026_extension_survive_a_restart(proj, model_dir
         assert "unknown run id 'nope'" in await _refused(again.session, "nope")
         assert "has the wrong form" in await _refused(again.session, "../../etc/passwd")
         assert CANARY not in str(t)
+    async with Client(_stdio(proj), mode="legacy") as legacy:  # the 2025-11-25 form over stdio, the same tasks
+        assert (await get(legacy.session, stopped))["status"] == "cancelled"
+        assert (await result(legacy.session, finished))["structuredContent"]["run"]["run_id"] == finished
 
 
 async def test_tasks_over_http_2025_11_25_survive_a_restart(proj, model_dir):
@@ -156,6 +160,14 @@ async def test_tasks_over_http_2025_11_25_survive_a_restart(proj, model_dir):
             assert (await result(c.session, finished))["structuredContent"]["run"]["state"] == "succeeded"
             assert "unknown run id" in await _refused(c.session, "nope")
             assert "has the wrong form" in await _refused(c.session, "..%2Fetc")
+            with pytest.raises(MCPError) as e:
+                await legacy_call(c.session, "run_status", {"run_id": finished})
+            assert "does not run as a task" in e.value.error.message and "start_training" in e.value.error.message
+        async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {HTTP_TOKEN}"}, timeout=300)), extensions=[Tasks()]) as c:
+            assert c.session.protocol_version == "2026-07-28"  # the extension form over HTTP, the same tasks
+            t = await get(c.session, finished)
+            assert t["status"] == "completed" and t["result"]["structuredContent"]["summary"]["steps"] == 3
     finally:
         proc.terminate()
         proc.wait(timeout=20)
