@@ -17,7 +17,7 @@ from tests.engine_helpers import make_run
 from tests.fake_openai import closed_port
 from tests.serving_helpers import serving
 from vapo_engine.config.train_model import RolloutConfig
-from vapo_engine.metrics import read_metrics
+from vapo_engine.metrics import CATALOGUE, read_metrics
 from vapo_engine.rollout.backends.replicas import ReplicasUnavailable
 from vapo_engine.rundir import ROLLOUT_JSON, RunDir
 
@@ -68,7 +68,9 @@ def test_weights_reach_the_replicas_every_step_with_their_version(tmp_path, mode
     with replicas(model_dir, tmp_path) as servers:
         run = server_run(tmp_path, model_dir, [s.root for s in servers])
         assert train(run, log=lambda m: None)["status"] == "succeeded"
-        train_recs = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+        recs = read_metrics(run / "metrics.jsonl")
+        assert all(k in CATALOGUE for r in recs for k in r if k not in ("step", "kind", "time"))
+        train_recs = [r for r in recs if r["kind"] == "train"]
         # one update per rollout here: the record of step k is rollout step k-1, sampled with version k-1
         assert [r["rollout/weight_version"] for r in train_recs] == [r["step"] - 1 for r in train_recs] == [0, 1, 2]
         assert all(r["rollout/replicas_up"] == 2 and r["rollout/replica_failovers"] == 0 for r in train_recs)
