@@ -67,7 +67,9 @@ def test_weights_reach_the_replicas_every_step_with_their_version(tmp_path, mode
     from vapo_engine.trainer.loop import train
     with replicas(model_dir, tmp_path) as servers:
         run = server_run(tmp_path, model_dir, [s.root for s in servers])
-        assert train(run, log=lambda m: None)["status"] == "succeeded"
+        lines: list[str] = []
+        assert train(run, log=lines.append)["status"] == "succeeded"
+        assert not [m for m in lines if "replica" in m]  # nothing failed, nothing to report
         recs = read_metrics(run / "metrics.jsonl")
         assert all(k in CATALOGUE for r in recs for k in r if k not in ("step", "kind", "time"))
         train_recs = [r for r in recs if r["kind"] == "train"]
@@ -82,6 +84,19 @@ def test_weights_reach_the_replicas_every_step_with_their_version(tmp_path, mode
         assert RunDir(run).read_json(ROLLOUT_JSON) == {}
 
 
+def test_sync_every_pushes_every_k_rollout_steps_and_before_evaluations(tmp_path, model_dir):
+    from vapo_engine.trainer.loop import train
+    with replicas(model_dir, tmp_path, count=1) as (s,):
+        run = server_run(tmp_path, model_dir, [s.root], ["rollout.sync_every=3", "vapo.value_pretrain_steps=0",
+                                                         "eval.eval_interval=2"])
+        assert train(run, log=lambda m: None)["status"] == "succeeded"
+        recs = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+        # pushed at the start, before the evaluation after step 2 (eval_interval 2), after step 3 (sync_every and
+        # the end's evaluation): no evaluation sees a stale policy, and rollout 3 is sampled with version 2
+        assert [r["rollout/weight_version"] for r in recs] == [0, 0, 2]
+        assert s.prepared.rollout.stats["loads"] == 3 and s.prepared.rollout.info()["weight_version"] == 3
+
+
 def test_a_replica_that_dies_mid_run_costs_no_step(tmp_path, model_dir):
     from vapo_engine.trainer.loop import train
     with replicas(model_dir, tmp_path) as (a, b):
@@ -92,8 +107,10 @@ def test_a_replica_that_dies_mid_run_costs_no_step(tmp_path, model_dir):
             if rec["kind"] == "train" and not killed:
                 b.stop()  # as if its process died after step 1
                 killed.append(rec["step"])
-        summary = train(run, on_record=on_record, log=lambda m: None)
+        lines: list[str] = []
+        summary = train(run, on_record=on_record, log=lines.append)
         assert summary["status"] == "succeeded" and summary["steps"] == 3 and killed == [1]
+        assert any(f"rollout replica {b.root} failed" in m and "go to the others" in m for m in lines)
         recs = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["step"] for r in recs] == [1, 2, 3]
         assert sum(r["rollout/replica_failovers"] for r in recs) >= 1 and recs[-1]["rollout/replicas_up"] == 1

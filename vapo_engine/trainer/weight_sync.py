@@ -3,8 +3,9 @@ servers' weights equal to the policy's, and tell the run directory when they can
 
 `attach(tr)` is called once the trainer is built. For an in-process backend (`hf`) it returns a sync that does
 nothing. Otherwise it pushes the current policy at once as version `tr.rollout_step` (a fresh replica's own
-weights are never sampled from) and, after each rollout step (`after_step`, every `rollout.sync_every`), again
-with version = the rollout step: so rollout step k is sampled with version k. A push writes the policy as a
+weights are never sampled from) and, after each rollout step (`after_step`, every `rollout.sync_every`, and
+always before an evaluation), again with version = the rollout step: so rollout step k is sampled with version
+k. A push writes the policy as a
 plain Hugging Face safetensors directory (merged adapters; under fsdp gathered on rank 0, the checkpoint's
 export) to a temporary name in `rollout.weights_dir` (default <run dir>/rollout_weights), renames it to
 `v<version>` (atomic: a replica never reads a half-written directory), then has every replica load it
@@ -38,15 +39,21 @@ class WeightSync:
         self.dir = Path(tr.cfg.rollout.weights_dir or Path(tr.info.run_dir) / ROLLOUT_WEIGHTS)
         self.every = tr.cfg.rollout.sync_every
         self.version: int | None = None
+        self.last_step = tr.step
+        self.backend.pool.log = log  # (a no-op on the other ranks)
         if tr.parallel.is_main:
             rd = RunDir(tr.info.run_dir)
             rd.write_json(ROLLOUT_JSON, {})
             self.backend.pool.on_status = lambda status: rd.write_json(
                 ROLLOUT_JSON, {**(status or {}), "updated": time.time()})
-            self.backend.pool.log = log
 
     def after_step(self, tr) -> None:
-        if tr.rollout_step % self.every == 0:
+        """Push after every `sync_every`-th rollout step, and before an evaluation (the loop evaluates after the
+        step that crosses an `eval_interval` boundary, and at the end): evaluations always see the policy."""
+        e = tr.cfg.eval.eval_interval
+        evaluates = tr.step // e > self.last_step // e or tr.step >= tr.cfg.training.total_steps
+        self.last_step = tr.step
+        if tr.rollout_step % self.every == 0 or evaluates:
             self.push(tr, tr.rollout_step)
 
     def push(self, tr, version: int) -> None:
