@@ -74,7 +74,8 @@ CATALOGUE: dict[str, str] = {
                               "the rollout step whose weights the trainer pushed last)",
     "rollout/replica_failovers": "requests to an inference-server replica that failed and went to another one "
                                  "during the step (remote rollout backends)",
-    "rollout/replicas_up": "inference-server replicas usable at the end of the step (remote rollout backends)",
+    "rollout/replicas_up": "inference-server replicas whose last request succeeded, at the end of the step (remote "
+                           "rollout backends)",
     "rollout/prompts_digest": "48-bit digest of the step's prompt list (the same on every rank): runs with the "
                               "same seed draw the same prompts at the same step (trainer/streams.py), and records "
                               "prove it",

@@ -96,8 +96,10 @@ class ReplicaPool:
         self.weights: tuple[int, Callable[[ReplicaPool, Replica], None]] | None = None
 
     # --- plain HTTP -------------------------------------------------------------------------------------------
-    def http(self, replica: Replica, method: str, path: str, body: dict | None = None) -> dict:
-        """One call; `ReplicaFailed` for what another replica may not suffer, `ReplicaRefused` otherwise."""
+    def http(self, replica: Replica, method: str, path: str, body: dict | None = None, *,
+             json_answer: bool = True) -> dict:
+        """One call; `ReplicaFailed` for what another replica may not suffer, `ReplicaRefused` otherwise.
+        `json_answer=False`: any 2xx body will do (routes that answer an empty or plain-text body); gives {}."""
         try:
             r = self._client.request(method, replica.url + path, json=body)
         except httpx.HTTPError as e:  # connection refused / reset, timeouts, protocol errors
@@ -112,6 +114,8 @@ class ReplicaPool:
         if r.status_code >= 400:
             raise ReplicaRefused(f"rollout replica {replica.url} answered {path} with HTTP {r.status_code}: "
                                  f"{_server_message(r)}")
+        if not json_answer:
+            return {}
         try:
             return r.json()
         except ValueError:
@@ -228,8 +232,8 @@ class ReplicaPool:
             raise ReplicaFailed(f"answered with weight version {answered}, not the current {self.weights[0]}")
 
     def up(self) -> int:
-        now = time.monotonic()
-        return sum(r.down_until <= now for r in self.replicas)
+        """Replicas whose last request succeeded (or that were not tried yet)."""
+        return sum(r.failures == 0 for r in self.replicas)
 
     def close(self) -> None:
         self._client.close()

@@ -3,7 +3,7 @@
 replicas at `[rollout] urls`.
 
 Each prompt is one `POST /rollout/generate` request for its n samples (they share a replica, hence its prefix
-cache), sent concurrently and spread over the replicas by the pool (`replicas.ReplicaPool`: least outstanding
+cache; a prompt the rollout layer repeated for its group, in adjacent rows, counts as one prompt), sent concurrently and spread over the replicas by the pool (`replicas.ReplicaPool`: least outstanding
 requests, failover, waiting with backoff, identity and weight-version checks). Every setting is sent explicitly
 (temperature, top_p, top_k, stop ids, max tokens) with a per-prompt seed drawn from the caller's torch random
 stream (or derived from `SamplingParams.seed`), so a run's samples do not depend on which replica served them.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 
@@ -32,6 +33,17 @@ ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
 
 def _architecture(config) -> dict:
     return {k: getattr(config, k, None) for k in ARCH_KEYS}
+
+
+def _runs(rows: list[list[int]]) -> list[tuple[int, int]]:
+    """(start, length) of each run of equal adjacent rows (the rollout layer repeats a prompt for its group)."""
+    out: list[tuple[int, int]] = []
+    for i, row in enumerate(rows):
+        if out and rows[out[-1][0]] == row:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
 
 
 def prompt_seed(base: int, index: int) -> int:
@@ -69,6 +81,10 @@ class ServerBackend(RolloutBackend):
                     "replica on the run's model (model.local_path, or the built-in model's folder)")
         return None
 
+    def served_name(self, replica) -> str:
+        """The model name to put in requests to `replica` (from its info answer)."""
+        return str(replica.info.get("model"))
+
     def _expect(self, models: PolicyModels) -> None:
         if self.expected is None:
             self.expected = _architecture(models.policy.config)
@@ -80,17 +96,19 @@ class ServerBackend(RolloutBackend):
         if not prompt_ids:
             raise ValueError("generate() needs at least one prompt")
         self._expect(models)
-        seeds = ([prompt_seed(params.seed, i) for i in range(len(prompt_ids))] if params.seed is not None
-                 else torch.randint(0, 2**62, (len(prompt_ids),)).tolist())
-        workers = max(1, min(len(prompt_ids), 8 * len(self.pool.replicas)))
+        groups = _runs(prompt_ids)  # a group's rows are one prompt repeated: one request, n × its size samples
+        seeds = ([prompt_seed(params.seed, i) for i in range(len(groups))] if params.seed is not None
+                 else torch.randint(0, 2**62, (len(groups),)).tolist())
+        calls = [(prompt_ids[start], replace(params, n=params.n * size)) for start, size in groups]
+        workers = max(1, min(len(calls), 8 * len(self.pool.replicas)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-http") as ex:
             answers = list(ex.map(lambda i: self.pool.call(
-                lambda r: self._generate_once(r, prompt_ids[i], params, seeds[i])), range(len(prompt_ids))))
+                lambda r: self._generate_once(r, calls[i][0], calls[i][1], seeds[i])), range(len(calls))))
         return self._assemble(models, prompt_ids, params, answers)
 
     def _generate_once(self, replica, prompt: list[int], params: SamplingParams, seed: int) -> dict:
         """One prompt's n samples on `replica` → {"weight_version", "choices": [(ids, log-probs, reason)]}."""
-        body = {"model": replica.info.get("model"), "prompt_ids": list(prompt), "n": params.n,
+        body = {"model": self.served_name(replica), "prompt_ids": list(prompt), "n": params.n,
                 "max_tokens": params.max_new_tokens, "temperature": float(params.temperature),
                 "top_p": float(params.top_p), "top_k": int(params.top_k),
                 "stop_token_ids": list(params.stop_token_ids), "seed": seed}
