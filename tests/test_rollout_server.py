@@ -159,3 +159,19 @@ def test_a_replica_serving_another_model_is_refused(tmp_path, model_dir):
         run = server_run(tmp_path, model_dir, [s.root])
         with pytest.raises(ReplicaRefused, match=rf"{s.root} serves a different model .*hidden_size"):
             train(run, log=lambda m: None)
+
+
+def test_preflight_refuses_a_run_whose_replicas_do_not_answer(tmp_path, model_dir):
+    from tests.conftest import write_workspace
+    from tests.test_doctor import ROOMY
+    from vapo_engine.doctor import run_doctor
+    config, _ = write_workspace(tmp_path)
+    dead = f"http://127.0.0.1:{closed_port()}"
+    with replicas(model_dir, tmp_path, count=1) as (s,):
+        for urls, ok in (([dead], False), ([dead, s.root], True)):
+            listed = ", ".join(f'"{u}"' for u in urls)
+            rep = run_doctor(config, overrides=["eval.benchmark=builtin:addition", 'rollout.backend="server"',
+                                                f"rollout.urls=[{listed}]"], log_dir=tmp_path / "logs", host=ROOMY)
+            net = [f for f in rep.findings if f.check == "network" and "rollout server" in f.what]
+            assert [f.severity for f in net] == (["info"] if ok else ["error"]), rep.text()
+            assert ok or (dead in net[0].what and "start the rollout server" in net[0].fix)

@@ -237,3 +237,23 @@ class ReplicaPool:
 
     def close(self) -> None:
         self._client.close()
+
+
+def health_problem(urls: list[str], timeout_s: float = 2.5) -> str | None:
+    """None when at least one of `urls` answers `GET /health` with 200 within `timeout_s` (all probed at once),
+    else which failed and why: the preflight check of the remote backends (vapo_engine/doctor/network.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def probe(url: str) -> str | None:
+        try:
+            r = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            return f"{url} ({_error_text(e)})"
+        return None if r.status_code == 200 else f"{url} (GET /health: HTTP {r.status_code})"
+    if not urls:
+        return "rollout.urls is empty"
+    with ThreadPoolExecutor(max_workers=min(len(urls), 32)) as ex:
+        problems = list(ex.map(probe, urls))
+    if any(p is None for p in problems):
+        return None
+    return f"none of the {len(urls)} replica(s) answers: " + "; ".join(problems)[:600]

@@ -26,7 +26,7 @@ import torch
 
 from .base import Generation, PolicyModels, RolloutBackend, SamplingParams, decode_responses, left_pad
 from .registry import register_backend
-from .replicas import ReplicaFailed, ReplicaPool, ReplicaRefused
+from .replicas import ReplicaFailed, ReplicaPool, ReplicaRefused, health_problem
 
 ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
 
@@ -66,6 +66,11 @@ class ServerBackend(RolloutBackend):
                                 unavailable_timeout_s=options.unavailable_timeout_s, info_path=self.info_path,
                                 check=self.check)
         self._failovers_seen = 0
+
+    @staticmethod
+    def health_check(options) -> str | None:
+        """The preflight probe (vapo_engine/doctor/network.py): None when a replica answers /health."""
+        return health_problem(list(options.urls))
 
     # --- identity ---------------------------------------------------------------------------------------------
     def check(self, url: str, info: dict) -> str | None:
