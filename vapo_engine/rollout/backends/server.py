@@ -161,6 +161,7 @@ class ServerBackend(RolloutBackend):
         self._expect(models)
         if path is None:
             raise ValueError("the server backend loads weights from a directory: pass path (trainer/weight_sync)")
+
         def sender(pool, replica):
             self._load_on(replica, str(path), version)
         if send:
