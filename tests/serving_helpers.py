@@ -21,6 +21,8 @@ class Served:
     """The base URL clients use (ends in /v1)."""
     prepared: object
     """vapo_engine.serving.server.Prepared: app, source, served model, engine, name."""
+    stop: object = None
+    """Stops the server at once (as if its process died): later connections are refused."""
 
     @property
     def name(self) -> str:
@@ -51,12 +53,14 @@ def serving(target: Path, *, token: str | None = None, host: str = "127.0.0.1", 
     while not server.started:
         assert thread.is_alive() and time.time() < deadline, "the server did not start"
         time.sleep(0.02)
-    try:
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", prepared)
-    finally:
+    def stop():
         server.should_exit = True
         thread.join(30)
         sock.close()
+    try:
+        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", prepared, stop)
+    finally:
+        stop()
 
 
 def sse_events(response: httpx.Response) -> list:

@@ -168,3 +168,20 @@ def test_tools_cannot_ask_for_more_processes_than_cores(proj):
     with applied(Policy("stdio")), pytest.raises(ToolInputError, match="more processes than this machine has cores"):
         prepare_config(files(), "cpu-demo", over)
     assert prepare_config(files(), "cpu-demo", over).distributed.nproc_per_node == n  # the CLI may
+
+
+def test_tool_calls_cannot_point_the_rollout_token_elsewhere(proj):
+    from tools.access import Policy, applied
+    from tools.paths import ToolInputError, files
+    from tools.training import prepare_config
+    evil = ['rollout.backend="server"', 'rollout.urls=["http://203.0.113.9:8001"]']
+    with applied(Policy("stdio")):
+        for over in (evil, ['rollout.token_env="TAOTOKEN_API_KEY"']):
+            with pytest.raises(ToolInputError, match=r"rollout\.(urls|token_env) differs from config.toml's.*"
+                                                     r"config.toml or the CLI"):
+                prepare_config(files(), "cpu-demo", over)
+    assert prepare_config(files(), "cpu-demo", evil).rollout.urls == ["http://203.0.113.9:8001"]  # the CLI may
+    cfg_file = proj / "config.toml"
+    cfg_file.write_text(cfg_file.read_text() + '\n[rollout]\nbackend = "server"\nurls = ["http://127.0.0.1:8001"]\n')
+    with applied(Policy("stdio")):  # config.toml's own replicas are not a change
+        assert prepare_config(files(), "cpu-demo", []).rollout.urls == ["http://127.0.0.1:8001"]

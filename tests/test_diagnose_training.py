@@ -178,6 +178,11 @@ TRAINING_CASES: dict[str, tuple] = {
         lambda tmp: with_provider_down(make_run(tmp)), {},
         ["provider.json: auth: HTTP 401: Incorrect API key provided: sk-…"],
         ["set TAOTOKEN_API_KEY to a valid key", "resume_run('20250101-000000-abcdef')"]),
+    "train-rollout-servers-down": (
+        lambda tmp: with_rollout_down(make_run(tmp)), {},
+        ["rollout.json: no replica answered for 30s: http://127.0.0.1:8001 (ConnectError: [Errno 111] Connection "
+         "refused)"],
+        ["start the inference server(s) at these URLs", "resume_run('20250101-000000-abcdef')"]),
     "train-accuracy-dropped": (
         lambda tmp: make_run(tmp, evals=[0.62, 0.66, 0.41, 0.30]), {},
         ["eval/greedy_accuracy 0.62 → 0.30 (-32 points) from step 0 to step 60", "best 0.66 at step 20"],
@@ -190,6 +195,16 @@ def with_provider_down(run: Path) -> Path:
     (run / "provider.json").write_text(json.dumps({"down": {
         "kind": "auth", "status": 401, "reason": "HTTP 401: Incorrect API key provided: sk-…",
         "fix": "set TAOTOKEN_API_KEY to a valid key (the one in the environment was rejected)"}}))
+    return run
+
+
+def with_rollout_down(run: Path) -> Path:
+    """rollout.json as the trainer writes it when it gives up on its inference servers (replicas.ReplicaPool)."""
+    (run / "rollout.json").write_text(json.dumps({"down": {
+        "since_s": 30.0, "timeout_s": 30.0, "replicas": [{"url": "http://127.0.0.1:8001", "error": "ConnectError"}],
+        "reason": "no replica answered for 30s: http://127.0.0.1:8001 (ConnectError: [Errno 111] Connection refused)",
+        "fix": "start the inference server(s) at these URLs (vapo-mcp serve-model MODEL --port PORT --weight-root "
+               "DIR, or the vLLM / SGLang server), or correct rollout.urls; then resume_run"}}))
     return run
 
 

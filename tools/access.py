@@ -40,6 +40,8 @@ from .paths import Files, ToolInputError
 
 TRANSPORTS = ("cli", "stdio", "http")
 LISTENER_KEYS = ("nnodes", "node_rank", "rdzv_endpoint")
+ROLLOUT_PEER_KEYS = ("urls", "token_env")
+"""[rollout] keys only config.toml or the CLI may set (the replicas receive the token)."""
 
 
 class PathNotAllowed(ToolInputError):
@@ -171,6 +173,7 @@ def check_config(f: Files, cfg: TrainConfig, policy: Policy | None = None) -> No
     policy = policy or current()
     if policy.is_tool_call:
         _check_listener(f, cfg)
+        _check_rollout_peers(f, cfg)
     if policy.confines_paths:
         _check_paths(f, cfg, policy)
 
@@ -194,9 +197,20 @@ def _check_listener(f: Files, cfg: TrainConfig) -> None:
             "rdzv_endpoint; call again without those overrides (or preset values)")
 
 
+def _check_rollout_peers(f: Files, cfg: TrainConfig) -> None:
+    """The rollout replicas get the token of `rollout.token_env`: a tool call may not point it elsewhere."""
+    own = load_config(f.config).rollout
+    changed = [k for k in ROLLOUT_PEER_KEYS if getattr(cfg.rollout, k) != getattr(own, k)]
+    if changed:
+        raise ToolInputError(
+            f"rollout.{changed[0]} differs from config.toml's: a tool call may not change where rollouts are "
+            "sampled or which token is sent there (rollout.urls, rollout.token_env come from config.toml or the "
+            "CLI only); call again without those overrides (or preset values)")
+
+
 def _check_paths(f: Files, cfg: TrainConfig, policy: Policy) -> None:
     roots = allowed_roots(f, policy)
-    for value in (cfg.model.local_path, cfg.model.value_path, cfg.data.data_dir):
+    for value in (cfg.model.local_path, cfg.model.value_path, cfg.data.data_dir, cfg.rollout.weights_dir):
         if value:
             confine(value, f, policy, roots=roots)
     for spec in (cfg.data.train, cfg.eval.benchmark):

@@ -78,6 +78,8 @@ class RunStatus(BaseModel):
     log_tail: str = Field(description="last lines of the worker log (bounded)")
     provider_down: str | None = Field(None, description="why [provider_rollouts] stopped asking the API channel "
                                       "(the run goes on with its own samples), with the fix")
+    rollout_servers: str | None = Field(None, description="the run's inference servers (rollout.urls) do not answer: "
+                                        "it waits for them, or gave up; which URLs and the fix")
     next_steps: list[str]
     skipped: list[str] = Field(default_factory=list, description="run records the registry could not index")
 
@@ -205,7 +207,12 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
         nxt = [*nxt, "fix the channel (provider_down says how), check_channel, then resume_run to use it again"]
     provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
                 if down is not None else None)
-    return RunStatus(run=_view(snap), log_tail=snap.log_tail(log_lines), provider_down=provider,
+    view, servers = _view(snap), snap.rollout_servers()
+    if servers is not None and snap.record.state.value == "running":
+        view = view.model_copy(update={"message": servers[:300]})
+        nxt = [*nxt, ("start the inference servers at rollout.urls (vapo-mcp serve-model MODEL --port PORT "
+                      "--weight-root DIR, or vLLM / SGLang): the run goes on by itself once one answers")]
+    return RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
                      next_steps=nxt, skipped=views.skipped())
 
 

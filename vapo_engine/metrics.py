@@ -70,6 +70,12 @@ CATALOGUE: dict[str, str] = {
     "rollout/truncated_frac": "fraction of responses that hit max_tokens without EOS",
     "rollout/no_signal_groups": "fraction of prompt groups whose samples all got the same reward",
     "rollout/tokens_per_s": "generated tokens per second in the rollout",
+    "rollout/weight_version": "version of the policy weights the rollout was sampled with (remote rollout backends: "
+                              "the rollout step whose weights the trainer pushed last)",
+    "rollout/replica_failovers": "requests to an inference-server replica that failed and went to another one "
+                                 "during the step (remote rollout backends)",
+    "rollout/replicas_up": "inference-server replicas whose last request succeeded, at the end of the step (remote "
+                           "rollout backends)",
     "rollout/prompts_digest": "48-bit digest of the step's prompt list (the same on every rank): runs with the "
                               "same seed draw the same prompts at the same step (trainer/streams.py), and records "
                               "prove it",
@@ -109,11 +115,12 @@ COMBINE: dict[str, str] = {
     **{name: SUM for name in ("actor/pg_loss", "actor/positive_nll", "actor/kl_ref", "actor/pg_clipfrac",
                               "actor/pg_clipfrac_high", "actor/pg_clipfrac_low", "actor/approx_kl",
                               "critic/value_loss", "critic/vf_clipfrac", "critic/pretrain_value_loss",
-                              "vapo/positive_samples", "vapo/replay_samples")},
+                              "vapo/positive_samples", "vapo/replay_samples", "rollout/replica_failovers")},
     **{name: MAX for name in ("actor/ratio_max", "rollout/response_length_max")},
     **{name: SAME for name in ("actor/entropy", "actor/lr", "critic/lr", "critic/value_mean", "critic/return_mean",
                                "critic/explained_var", "critic/return_var", "critic/explained_var_targets",
-                               "vapo/advantage_mean", "vapo/advantage_std", "rollout/prompts_digest")},
+                               "vapo/advantage_mean", "vapo/advantage_std", "rollout/prompts_digest",
+                               "rollout/weight_version")},
     **{name: SAME for name in CATALOGUE if name.startswith(("critic/pretrain_ev_", "eval/"))},
     "critic/pretrain_explained_var": SAME,
     **{f"provider/{k}": MAIN for k in _PROVIDER},

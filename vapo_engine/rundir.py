@@ -43,6 +43,9 @@ RUNNER_LOCK = "runner.lock"
 TRAINER_MODULE, RUNNER_MODULE = "vapo_engine.trainer", "vapo_engine.jobs.runner"
 PROVIDER_JSON, PROVIDER_CACHE = "provider.json", "provider_cache.jsonl"
 """Provider samples (trainer/provider_samples.py): why the provider stopped being used; the answers cache."""
+ROLLOUT_JSON, ROLLOUT_WEIGHTS = "rollout.json", "rollout_weights"
+"""Remote rollouts (trainer/weight_sync.py): whether the trainer waits for its inference servers (or gave up on
+them), and where it writes the weights it pushes to them (unless rollout.weights_dir says elsewhere)."""
 CHECKPOINTS, DONE, TB, REPORT_PNG = "checkpoints", "DONE", "tb", "report.png"
 HASH_LIMIT = 64 * 1024 * 1024  # files up to this size are hashed in the manifest; larger ones: size + structure
 

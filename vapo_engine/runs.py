@@ -90,7 +90,8 @@ def freeze_paths(config: TrainConfig, base_dir: str | Path) -> TrainConfig:
     data_dir = fix(config.data.data_dir)
     data = config.data.model_copy(update={"data_dir": data_dir, "train": _freeze_spec(config.data.train, data_dir)})
     ev = config.eval.model_copy(update={"benchmark": _freeze_spec(config.eval.benchmark, data_dir)})
-    return config.model_copy(update={"model": model, "data": data, "eval": ev})
+    rollout = config.rollout.model_copy(update={"weights_dir": fix(config.rollout.weights_dir)})
+    return config.model_copy(update={"model": model, "data": data, "eval": ev, "rollout": rollout})
 
 
 def _freeze_spec(spec: str, data_dir: str) -> str:

@@ -15,6 +15,8 @@ from .lora_model import LoraConfig
 
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 Algorithm = Literal["vapo", "ppo", "grpo", "rft"]
+REMOTE_BACKENDS = ("server", "vllm", "sglang")
+"""Rollout backends that sample on inference servers at rollout.urls."""
 
 
 class ApiConfig(Section):
@@ -275,9 +277,35 @@ class RolloutConfig(Section):
 
     backend: str = Field("hf", pattern=r"^[a-z][a-z0-9_]*$")
     """Where rollouts and evaluations are sampled: hf = in the trainer's process with Hugging Face generate, from
-    the policy being trained (the only built-in backend). Another name must be a registered rollout backend
-    (vapo_engine/rollout/backends/); an unknown name stops the run before any weights load, listing the known
-    ones."""
+    the policy being trained (the default); server = inference servers that speak the rollout protocol
+    (vapo_engine/serving/rollout_protocol.py; `vapo-mcp serve-model` is the reference, a CPU test double: use
+    vLLM / SGLang at scale) at `urls`, with the policy's weights pushed to them. Another name must be a
+    registered rollout backend (vapo_engine/rollout/backends/); an unknown name stops the run before any
+    weights load, listing the known ones."""
+    urls: list[Annotated[str, Field(pattern=r"^https?://[^\s/?#@]+(/[^\s?#]*)?$", max_length=500)]] = Field(
+        default_factory=list, max_length=256)
+    """Base URLs of the inference-server replicas (backend server, vllm, sglang), e.g.
+    ["http://127.0.0.1:8001", "http://10.0.0.5:8001"]; each prompt's samples go to the replica with the fewest
+    outstanding requests, and a failing replica's requests go to the others."""
+    model: str | None = Field(None, min_length=1, max_length=200)
+    """The model name the replicas must serve (their --model-name); unset = any name, as long as the architecture
+    (model type, vocabulary, width, depth) is the policy's. A replica serving another model is refused."""
+    token_env: str = Field("VAPO_MCP_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable holding the replicas' bearer token (sent only to the replicas; never logged). Unset
+    or empty variable = no token (loopback replicas)."""
+    sync_every: int = Field(1, ge=1, le=1_000_000)
+    """Push the policy's weights to the replicas every this many rollout steps (1 = after every step: rollouts
+    are on-policy)."""
+    weights_dir: PathText | None = None
+    """Where the trainer writes the pushed weights (a safetensors directory per version, written to a temporary
+    name and renamed); unset = <run dir>/rollout_weights. The replicas must see it at the same path and be
+    started with --weight-root covering it."""
+    unavailable_timeout_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)
+    """When every replica is down the run waits (with backoff, saying so in run_status) this long, then fails with
+    a finding that names the URLs and the fix."""
+    request_timeout_s: float = Field(600.0, gt=0, le=24 * 3600)
+    """Timeout of one request to a replica (a prompt's samples, or a weight load); a timed-out replica counts as
+    failed and its request goes to another."""
 
 
 class Decisions(Section):
@@ -422,6 +450,18 @@ class TrainConfig(Section):
             out.append(FieldProblem("vapo.clip_range_high", f"clip_range_high {self.vapo.clip_range_high} is below "
                                     f"training.clip_range {t.clip_range}", "Clip-Higher needs ε_high ≥ ε_low: use "
                                     "the paper's 0.28, or set vapo.clip_higher = false to disable it"))
+        r = self.rollout
+        if r.backend in REMOTE_BACKENDS and not r.urls:
+            out.append(FieldProblem("rollout.urls", f"backend {r.backend!r} samples on inference servers, and no "
+                                    "URL is given", "list the replicas, e.g. rollout.urls = "
+                                    "[\"http://127.0.0.1:8001\"] (vapo-mcp serve-model MODEL --port 8001), or "
+                                    "use backend = \"hf\""))
+        if r.urls and r.backend not in REMOTE_BACKENDS:
+            out.append(FieldProblem("rollout.urls", f"backend {r.backend!r} samples in the trainer and does not use "
+                                    "rollout.urls", f"set rollout.backend to one of {', '.join(REMOTE_BACKENDS)}, "
+                                    "or remove rollout.urls"))
+        if len(set(r.urls)) != len(r.urls):
+            out.append(FieldProblem("rollout.urls", "a URL is listed twice", "list each replica once"))
         if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
             out.append(FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
                                     "use 3.0 (a common choice) or 0 to disable"))

@@ -41,6 +41,7 @@ from vapo_engine.rundir import (
     CONFIG_JSON,
     METRICS,
     PROVIDER_JSON,
+    ROLLOUT_JSON,
     RUN_JSON,
     SUMMARY_JSON,
     WORKER_LOG,
@@ -304,7 +305,8 @@ def run_facts(run_dir: str | Path, secrets=()) -> dict[str, Any]:
     present = {n: rd.file(n).is_file() for n in (RUN_JSON, CONFIG_JSON, SUMMARY_JSON, METRICS, WORKER_LOG)}
     if not any(present[n] for n in (RUN_JSON, CONFIG_JSON, METRICS)):
         raise ValueError(f"{str(p)!r} is not a run directory: it has no run.json, config.json or metrics.jsonl")
-    meta, summary, config, provider = (rd.read_json(n) for n in (RUN_JSON, SUMMARY_JSON, CONFIG_JSON, PROVIDER_JSON))
+    meta, summary, config, provider, rollout = (rd.read_json(n) for n in (RUN_JSON, SUMMARY_JSON, CONFIG_JSON,
+                                                                           PROVIDER_JSON, ROLLOUT_JSON))
     config = with_decisions(config)
     present[SUMMARY_JSON], present[CONFIG_JSON] = summary is not None, config is not None  # readable
     tail = _clean(rd.log_tail(RUN_LOG_LINES, RUN_LOG_CHARS, max_bytes=256_000), RUN_LOG_CHARS, secrets)
@@ -314,15 +316,17 @@ def run_facts(run_dir: str | Path, secrets=()) -> dict[str, Any]:
     return {"config": config, "metrics": pack_metrics(rd.metrics()),
             "run": {"dir": str(p), "run_id": run_id or p.name, "summary": summary, "log_tail": tail,
                     "crash": None if finished else crash_facts(tail), "checkpoints": steps, "files": present,
-                    "provider_down": _provider_down(provider, secrets)}}
+                    "provider_down": _provider_down(provider, secrets),
+                    "rollout_down": _provider_down(rollout, secrets, ("reason", "fix"))}}
 
 
-def _provider_down(state: Any, secrets) -> dict | None:
-    """provider.json's verdict (provider samples stopped), its strings cleaned again before they are shown."""
+def _provider_down(state: Any, secrets, keys=("kind", "reason", "fix")) -> dict | None:
+    """provider.json's verdict (provider samples stopped), or rollout.json's (the inference servers were given
+    up on), its strings cleaned again before they are shown."""
     down = state.get("down") if isinstance(state, dict) else None
     if not isinstance(down, dict):
         return None
-    return {k: _clean(str(down.get(k) or ""), 400, secrets) for k in ("kind", "reason", "fix")}
+    return {k: _clean(str(down.get(k) or ""), 600, secrets) for k in keys}
 
 
 def _config_only(cp: Path) -> list[str]:

@@ -269,6 +269,13 @@ def provider_down(ev: Evidence) -> str | None:
     return f"provider.json: {down['kind']}: {down['reason'][:240]}" if down else None
 
 
+@predicate
+def rollout_servers_down(ev: Evidence) -> str | None:
+    """The run's inference servers (rollout.urls) did not answer for rollout.unavailable_timeout_s (rollout.json)."""
+    down = (ev.extra.get("run") or {}).get("rollout_down")
+    return f"rollout.json: {down['reason'][:400]}" if down else None
+
+
 _CRASH_FIX = {
     "oom": "Out of memory: lower training.micro_batch_size (now {micro}; gradient accumulation keeps the "
            "batch the same) and/or model.max_tokens (now {max_tokens}); for long responses also "
@@ -409,6 +416,8 @@ FACTS.update({
     "checkpoint_before_nan": lambda ev: _last_ckpt(ev, before=_first_bad_step(ev)),
     "first_nan_step": lambda ev: _num(_first_bad_step(ev)),
     "crash_fix": _crash_fix,
+    **{f"rollout_{k}": partial(lambda k, ev: ((ev.extra.get("run") or {}).get("rollout_down") or {}).get(k), k)
+       for k in ("reason", "fix")},
     **{f"provider_{k}": partial(lambda k, ev: ((ev.extra.get("run") or {}).get("provider_down") or {}).get(k), k)
        for k in ("kind", "reason", "fix")},
 })

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from vapo_engine.metrics import STEP, latest, read_metrics
-from vapo_engine.rundir import METRICS, PROVIDER_JSON, RunDir
+from vapo_engine.rundir import METRICS, PROVIDER_JSON, ROLLOUT_JSON, RunDir
 
 from .manager import RunError, RunManager
 from .registry import RunRecord
@@ -68,6 +68,20 @@ class RunSnapshot:
         """Why [provider_rollouts] stopped asking the API channel ({kind, reason, fix}), None while it asks."""
         down = (self.rundir.read_json(PROVIDER_JSON) or {}).get("down")
         return down if isinstance(down, dict) else None
+
+    def rollout_servers(self) -> str | None:
+        """What the trainer's inference servers lack (rollout.json: every replica down, waiting; or given up),
+        None while they answer (or the run samples in process)."""
+        state = self.rundir.read_json(ROLLOUT_JSON) or {}
+        down, waiting = state.get("down"), state.get("waiting")
+        if isinstance(down, dict):
+            return f"gave up on the rollout servers: {down.get('reason')} — fix: {down.get('fix')}"[:800]
+        if not isinstance(waiting, dict) or self.record.state.value != "running":
+            return None
+        urls = "; ".join(f"{r.get('url')} ({r.get('error') or 'not tried'})" for r in waiting.get("replicas") or []
+                         if isinstance(r, dict))
+        return (f"waiting for the rollout servers (no replica answers, {waiting.get('since_s')}s so far; the run "
+                f"fails after rollout.unavailable_timeout_s = {waiting.get('timeout_s')}s): {urls}")[:800]
 
 
 class RunViews:

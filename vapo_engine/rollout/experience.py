@@ -48,6 +48,8 @@ class Rollout:
     gen_seconds: float = 0.0
     temperature: float = 1.0
     """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
+    weight_version: int | None = None
+    """The policy weights' version that sampled these (a remote rollout backend); None for the live policy."""
 
     @property
     def size(self) -> int:
@@ -157,7 +159,8 @@ def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: 
                    scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
                    gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=None if gen.log_probs is None
                    else gen.log_probs.to(dev), finished=gen.finished.to(dev), gen_seconds=time.perf_counter() - t0,
-                   temperature=logprob_temperature(temperature if do_sample else 0.0))
+                   temperature=logprob_temperature(temperature if do_sample else 0.0),
+                   weight_version=gen.weight_version)
 
 
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):

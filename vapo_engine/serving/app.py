@@ -3,7 +3,10 @@
     GET  /v1/models                 the one served model
     GET  /v1/models/{id}            it, or 404 model_not_found
     POST /v1/chat/completions       plain JSON (always with `usage`) or SSE with `"stream": true`
-    GET  /health                    status + batching counters (open without a token; no paths, no secrets)
+    GET  /health                    status, weight version + batching counters (open without a token; no paths,
+                                    no secrets)
+    /rollout/...                    the rollout protocol (rollout_protocol.py: generate from token ids with
+                                    log-probs, abort, pause / resume, load_weights, info)
 
 Every error is an OpenAI error object with the right status: 400 bad request or a prompt that does not fit the
 context (`context_length_exceeded`), 401 missing/wrong token (security.Guard), 404 unknown model or route, 405
@@ -40,11 +43,12 @@ from .protocol import (
     usage,
     usage_chunk,
 )
+from .rollout_routes import RolloutRoutes
 from .security import Guard
 
 log = logging.getLogger("vapo_engine.serving")
 MAX_BODY = 4 * 1024 * 1024
-ROUTES_TEXT = "GET /v1/models, POST /v1/chat/completions, GET /health"
+ROUTES_TEXT = "GET /v1/models, POST /v1/chat/completions, GET /health, /rollout/* (the rollout protocol)"
 
 
 async def _read_json(request: Request) -> Any:
@@ -102,8 +106,9 @@ def _check_strings(data: Any) -> None:
 class Api:
     """The routes over one served model (`ServedModel`) and its batching `Engine`."""
 
-    def __init__(self, served, engine, *, default_max_tokens: int = 512):
+    def __init__(self, served, engine, *, default_max_tokens: int = 512, rollout=None):
         self.served, self.engine, self.default_max_tokens = served, engine, default_max_tokens
+        self.rollout = rollout
         self.created = now()
 
     async def models(self, request: Request) -> JSONResponse:
@@ -117,7 +122,9 @@ class Api:
         return JSONResponse(model_card(self.served.name, self.created))
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": self.served.name, "engine": self.engine.snapshot()})
+        version = self.rollout.version if self.rollout is not None else 0
+        return JSONResponse({"status": "ok", "model": self.served.name, "weight_version": version,
+                             "engine": self.engine.snapshot()})
 
     async def chat(self, request: Request):
         from .engine import Job  # the engine module imports torch; this module stays importable without it
@@ -203,9 +210,11 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
-              default_max_tokens: int = 512):
-    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, and the Guard."""
-    api = Api(served, engine, default_max_tokens=default_max_tokens)
+              default_max_tokens: int = 512, rollout=None):
+    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, and the Guard.
+    `rollout` (a `rollout_service.RolloutService`) adds the rollout protocol's routes."""
+    api = Api(served, engine, default_max_tokens=default_max_tokens, rollout=rollout)
+    extra = RolloutRoutes(rollout, _read_json).routes() if rollout is not None else []
 
     @asynccontextmanager
     async def lifespan(app):
@@ -218,7 +227,7 @@ def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozen
     app = Starlette(routes=[Route("/v1/models", api.models, methods=["GET"]),
                             Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
                             Route("/v1/chat/completions", api.chat, methods=["POST"]),
-                            Route("/health", api.health, methods=["GET"])],
+                            Route("/health", api.health, methods=["GET"]), *extra],
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                         Exception: _server_error},
                     lifespan=lifespan)

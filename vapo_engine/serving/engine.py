@@ -198,5 +198,6 @@ class Engine:
         params = SamplingParams(max_new_tokens=max(job.max_tokens for job, _, _ in rows),
                                 stop_token_ids=tuple(m.eos_ids), pad_token_id=m.pad_id,
                                 temperature=first.temperature, top_p=first.top_p)
-        run(m.model, [job.prompt_ids for job, _, _ in rows], params,
-            stopping_criteria=StoppingCriteriaList([_Rows(rows)]))
+        with m.compute:
+            run(m.model, [job.prompt_ids for job, _, _ in rows], params,
+                stopping_criteria=StoppingCriteriaList([_Rows(rows)]))

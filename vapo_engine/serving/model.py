@@ -67,6 +67,9 @@ class ServedModel:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serialises tokenizer use: a fast tokenizer's backend is mutated by each encode call (padding and
     truncation settings), and the engine thread decodes while the event loop encodes new prompts."""
+    compute: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Serialises every use of the weights: the chat engine's batches, rollout-protocol samples and weight loads
+    (`rollout_service`), so weights never change under a running generate call."""
 
     def decode(self, ids: list[int]) -> str:
         with self.lock:

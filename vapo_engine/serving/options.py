@@ -27,6 +27,8 @@ class ServeOptions:
     dtype: str = "auto"
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
     log_level: str = "info"
+    weight_root: Path | None = None
+    """Where POST /rollout/load_weights may read weights from (None: it loads none)."""
 
 
 def _bounded(lo: int, hi: int):
@@ -63,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser, *, target_help: str) -> None:
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host header name clients may use (DNS-rebinding protection); '*' = any; repeatable")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    p.add_argument("--weight-root", metavar="DIR", help="let trainers push weights (POST /rollout/load_weights) "
+                                                        "from directories under DIR (rollout.weights_dir, by "
+                                                        "default under the run's directory); default: none")
 
 
 def options_from(args: argparse.Namespace, target: str | Path) -> ServeOptions:
@@ -72,4 +77,5 @@ def options_from(args: argparse.Namespace, target: str | Path) -> ServeOptions:
     return ServeOptions(target=Path(target), step=args.step, host=args.host, port=args.port,
                         model_name=args.model_name, max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                         default_max_tokens=args.default_max_tokens, device=args.device, dtype=args.dtype,
-                        allowed_hosts=tuple(args.allowed_host), log_level=args.log_level)
+                        allowed_hosts=tuple(args.allowed_host), log_level=args.log_level,
+                        weight_root=Path(args.weight_root).expanduser() if args.weight_root else None)

@@ -27,6 +27,8 @@ class Prepared:
     engine: object
     name: str
     allowed_hosts: frozenset[str] | None = None
+    rollout: object = None
+    """The rollout protocol's service (rollout_service.RolloutService)."""
 
 
 def prepare(opts: ServeOptions, token: str | None = None) -> Prepared:
@@ -38,10 +40,13 @@ def prepare(opts: ServeOptions, token: str | None = None) -> Prepared:
     from .engine import Engine
     from .model import load_served_model
     served = load_served_model(source.model_dir, name, device=opts.device, dtype=opts.dtype)
+    from .rollout_service import RolloutService
     engine = Engine(served, max_batch=opts.max_batch, window_s=opts.batch_window_ms / 1000)
     hosts = allowed_host_names(opts.host, opts.allowed_hosts)
-    app = build_app(served, engine, token=token, allowed_hosts=hosts, default_max_tokens=opts.default_max_tokens)
-    return Prepared(app, source, served, engine, name, hosts)
+    rollout = RolloutService(served, weight_root=opts.weight_root)
+    app = build_app(served, engine, token=token, allowed_hosts=hosts, default_max_tokens=opts.default_max_tokens,
+                    rollout=rollout)
+    return Prepared(app, source, served, engine, name, hosts, rollout)
 
 
 def banner(p: Prepared, url: str, token: bool) -> str:

@@ -25,7 +25,7 @@ from vapo_engine.rollout.evaluate import evaluate
 from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids, sample_rollout
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
-from . import streams
+from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
 from .critic import VALUE_ONLY, ev_breakdown, explained_var, mc_explained_var, plateaued
 from .replay import replay_count
@@ -42,6 +42,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
     tr = build_trainer(run_dir, resume=resume, log=log)
     t0, status = time.time(), "succeeded"
     try:
+        sync = weight_sync.attach(tr, log)  # a remote rollout backend gets the policy's weights now and per step
         if RunDir(run_dir).meta().get("mode") == VALUE_ONLY:
             return value_only(tr, run_dir, on_record, should_stop, t0, log)
         if tr.step == 0 and tr.history.start_eval is None:
@@ -51,6 +52,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
         while tr.step < total:
             before = tr.step
             metrics = rollout_step(tr)  # advances tr.step: the record carries the step after the updates
+            sync.after_step(tr)
             on_record(tr.logger.log(tr.step, "train", metrics))
             if tr.step // tr.cfg.eval.eval_interval > before // tr.cfg.eval.eval_interval and tr.step < total:
                 evaluate_policy(tr, on_record)  # (the end has its own evaluation)
@@ -69,6 +71,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
         return summary
     finally:
         tr.provider.close()
+        tr.models.backend.close()
         tr.logger.close()
         tr.parallel.shutdown()
 
@@ -139,7 +142,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
                 "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
                 "perf/update_samples_per_s": len(updates) * mini_size / max(t2 - t1, 1e-9)}
     metrics |= {"critic/lr": tr.sched_critic.get_last_lr()[0]} if tr.sched_critic is not None else {}
-    return tr.parallel.combine(metrics | tr.provider.metrics())
+    return tr.parallel.combine(metrics | tr.provider.metrics() | tr.models.backend.metrics())
 
 
 def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False) -> tuple[Rollout, float]:
@@ -202,6 +205,8 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
            "rollout/no_signal_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
            "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
            "actor/entropy": token_mean(ro.entropy)}
+    if ro.weight_version is not None:  # sampled by a remote backend: the version of the weights it held
+        out["rollout/weight_version"] = float(ro.weight_version)
     if ro.values is not None and ro.returns is not None:
         out["critic/value_mean"] = token_mean(ro.values)
         out["critic/return_mean"] = token_mean(ro.returns)

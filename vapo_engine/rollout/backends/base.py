@@ -77,7 +77,8 @@ class Generation:
     """(N,) True where an EOS was generated (False: the response reached max_new_tokens)."""
     log_probs: torch.Tensor | None = None
     """(N, R) float32 log-probs of the drawn tokens under the sampler's processed distribution (with
-    `SamplingParams.log_probs`; 0 after the response ends), else None."""
+    `SamplingParams.log_probs`; 0 after the response ends), else None. A remote backend (`server`) always returns
+    the server's: log_softmax(logits / T) over the full vocabulary."""
     weight_version: int | None = None
     """The policy weights' version that sampled these (a backend with its own copy of the weights); None for
     the live in-process policy."""
@@ -101,10 +102,21 @@ class RolloutBackend(ABC):
         """Sample `params.n` responses for each prompt (token-id rows, not padded). `batch_size`: at most this
         many rows per engine call (a memory bound; a backend that batches by itself may ignore it)."""
 
-    def load_weights(self, models: PolicyModels, *, version: int) -> None:
-        """Sample from `models.policy`'s current weights from now on, tagged `version`. Nothing to do for a
-        backend that samples from the live policy module (the default)."""
-        del models, version
+    remote: ClassVar[bool] = False
+    """Samples from a copy of the weights in other processes: the trainer pushes them (trainer/weight_sync.py)."""
+
+    def load_weights(self, models: PolicyModels, *, version: int, path: str | None = None) -> None:
+        """Sample from `models.policy`'s current weights from now on, tagged `version`; `path` is the directory of
+        safetensors the trainer wrote them to (for a `remote` backend). Nothing to do for a backend that samples
+        from the live policy module (the default)."""
+        del models, version, path
+
+    def metrics(self) -> dict[str, float]:
+        """The backend's own metrics since the last call (e.g. replica failovers); none by default."""
+        return {}
+
+    def close(self) -> None:
+        """Release connections (nothing by default)."""
 
 
 def response_lengths(response_mask: torch.Tensor) -> torch.LongTensor:

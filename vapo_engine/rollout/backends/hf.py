@@ -44,8 +44,10 @@ class HfBackend(RolloutBackend):
         return generate_ids(models.policy, models.tokenizer, prompt_ids, params, batch_size=batch_size)
 
 
-def generation_config(params: SamplingParams) -> GenerationConfig:
-    """The `GenerationConfig` of one call: greedy at temperature 0, else pure sampling from `params`."""
+def generation_config(params: SamplingParams, *, raw_logits: bool = False) -> GenerationConfig:
+    """The `GenerationConfig` of one call: greedy at temperature 0, else pure sampling from `params`; with
+    `raw_logits` the output also holds each step's unprocessed logits (`output_logits`, for the served
+    protocol's full-vocabulary log-probs)."""
     # top_k explicitly (0 = off): otherwise transformers' global default (top_k=50) would truncate the distribution.
     sampling = {} if params.greedy else {"temperature": float(params.temperature), "top_p": float(params.top_p),
                                          "top_k": int(params.top_k)}
@@ -53,7 +55,8 @@ def generation_config(params: SamplingParams) -> GenerationConfig:
     return GenerationConfig(
         max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, use_cache=True,
         pad_token_id=params.pad_token_id, eos_token_id=eos if len(eos) > 1 else eos[0],
-        output_scores=params.log_probs, return_dict_in_generate=params.log_probs, **sampling,
+        output_scores=params.log_probs, output_logits=raw_logits or None,
+        return_dict_in_generate=params.log_probs or raw_logits, **sampling,
     )
 
 
@@ -96,12 +99,13 @@ def _lock_step(model) -> bool:
     return isinstance(model, FSDPModule) and torch.distributed.get_world_size() > 1
 
 
-def run(model, rows: list[list[int]], params: SamplingParams, *, stopping_criteria=None):
+def run(model, rows: list[list[int]], params: SamplingParams, *, stopping_criteria=None, raw_logits: bool = False):
     """One `model.generate` call on token-id `rows` (left-padded here): (prompt ids, prompt mask, raw output).
-    `stopping_criteria` (a transformers `StoppingCriteriaList`) sees every step, e.g. to stream."""
+    `stopping_criteria` (a transformers `StoppingCriteriaList`) sees every step, e.g. to stream; `raw_logits`
+    (see `generation_config`) makes the output a dict with `sequences` and `logits`."""
     prompt_ids, prompt_mask = left_pad(rows, params.pad_token_id, model.device)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
-                         generation_config=generation_config(params), synced_gpus=_lock_step(model),
+                         generation_config=generation_config(params, raw_logits=raw_logits), synced_gpus=_lock_step(model),
                          stopping_criteria=stopping_criteria)
     return prompt_ids, prompt_mask, out
 
