@@ -45,6 +45,9 @@ class Rollout:
     returns: torch.Tensor | None = None         # (N, R) critic targets
     sampler_log_probs: torch.Tensor | None = None  # (N, R) the sampler's own log-probs, when asked for
     finished: torch.Tensor | None = None        # (N,) bool: the response ended with EOS (False: max_new_tokens)
+    is_weights: torch.Tensor | None = None      # (N, R) importance weights of the PG loss (algo/mismatch.py)
+    weight_version: int | None = None
+    """The version of the policy weights that sampled these (`trainer.offpolicy`); None = not known."""
     gen_seconds: float = 0.0
     temperature: float = 1.0
     """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
@@ -156,7 +159,8 @@ def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: 
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
                    scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
                    gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=None if gen.log_probs is None
-                   else gen.log_probs.to(dev), finished=gen.finished.to(dev), gen_seconds=time.perf_counter() - t0,
+                   else gen.log_probs.to(dev), finished=gen.finished.to(dev), weight_version=gen.weight_version,
+                   gen_seconds=time.perf_counter() - t0,
                    temperature=logprob_temperature(temperature if do_sample else 0.0))
 
 
