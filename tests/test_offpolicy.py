@@ -117,8 +117,9 @@ def test_rollout_settings_are_checked_with_the_key_and_the_fix():
     assert "rollout.max_off_policy_steps" in problem("rollout.max_off_policy_steps=-1")
     msg = problem("rollout.max_off_policy_steps=1", "distributed.nproc_per_node=2")
     assert "rollout.max_off_policy_steps" in msg and "one process" in msg
-    auto = load_config(ROOT / "config.toml", ['rollout.backend="planted_offset"']).rollout
-    assert auto.is_mode_used == "truncate" and auto.wants_sampler_log_probs
+    auto = load_config(ROOT / "config.toml", ['rollout.backend="planted_offset"'])
+    assert auto.decisions.importance_sampling == "truncate" and auto.rollout.wants_sampler_log_probs
+    assert load_config(ROOT / "config.toml", []).decisions.importance_sampling == "off"
     hf_async = load_config(ROOT / "config.toml", ["rollout.max_off_policy_steps=2"]).rollout
     assert hf_async.is_mode_used == "truncate" and hf_async.wants_sampler_log_probs
     hf_off = load_config(ROOT / "config.toml", ["rollout.max_off_policy_steps=2", 'rollout.is_mode="off"']).rollout
@@ -139,8 +140,9 @@ def test_a_stale_batch_is_dropped_and_sampled_again(tmp_path, model_dir):
 
 def test_async_rollouts_stay_within_one_version(tmp_path, model_dir):
     value = random_value_dir(tmp_path, model_dir)  # non-zero advantages: every update moves the policy
-    recs = _train(tmp_path, model_dir, ["rollout.max_off_policy_steps=1", "training.total_steps=4",
-                                        "training.learning_rate=5e-4", f'model.value_path="{value}"'], "async")
+    extra = ["rollout.max_off_policy_steps=1", "training.total_steps=4", "training.learning_rate=5e-4",
+             f'model.value_path="{value}"']
+    recs = _train(tmp_path, model_dir, extra, "async")
     lags = [r["rollout/weight_version_lag"] for r in recs]
     assert len(recs) == 4 and lags == [0, 1, 1, 1] and all(r["rollout/dropped_stale"] == 0 for r in recs)
     # The first rollout is sampled synchronously (the sampler's log-probs are the trainer's); the next ones by a
@@ -148,6 +150,13 @@ def test_async_rollouts_stay_within_one_version(tmp_path, model_dir):
     assert recs[0]["rollout/logprob_diff_max"] < 1e-5
     assert all(r["rollout/logprob_diff_max"] > 1e-3 for r in recs[1:])
     assert all(0.5 < r["rollout/is_weight_mean"] < 2 for r in recs)
+    # The thread draws from the step's own seeded stream, and the update draws nothing: reproducible.
+    again = _train(tmp_path, model_dir, extra, "async-again")
+    assert [_no_perf(r) for r in again] == [_no_perf(r) for r in recs]
+
+
+def _no_perf(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "time" and not k.startswith("perf/") and k != "rollout/tokens_per_s"}
 
 
 def test_prefetch_samples_from_the_weights_as_they_were_when_it_started(tmp_path, model_dir):

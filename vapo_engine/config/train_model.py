@@ -339,6 +339,9 @@ class Decisions(Section):
     """Replayed past positives join the positive-example NLL (false when μ = 0)."""
     whiten_advantages: bool
     """Advantages are whitened over valid tokens (never for grpo, which is already normalised)."""
+    importance_sampling: Literal["truncate", "mask", "off"] = "off"
+    """The correction of samples drawn by another copy of the policy (rollout.is_mode with auto resolved:
+    off for the synchronous in-process hf backend, else truncate; docs/design.md §3.13)."""
     explained_variance_target: Literal["monte_carlo"] = "monte_carlo"
     """What `critic/explained_var` is measured against in every run: Monte-Carlo returns (λ = 1), whatever
     targets the critic trains on, so EV compares across ablation rows."""
@@ -359,7 +362,8 @@ class Decisions(Section):
                    clip_low=t.clip_range, clip_high=clip_high, loss_reduction=v.reduction,
                    value_pretrain_steps=v.value_pretrain_steps if critic else 0,
                    positive_lm_coef=v.positive_lm_coef, positive_replay=v.positive_replay and v.positive_lm_coef > 0,
-                   whiten_advantages=v.whiten_advantages and estimator != "grpo")
+                   whiten_advantages=v.whiten_advantages and estimator != "grpo",
+                   importance_sampling=c.rollout.is_mode_used)
 
 
 def _check_builtin(name: str | None) -> None:

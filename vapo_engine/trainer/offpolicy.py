@@ -129,8 +129,7 @@ def correct_mismatch(tr, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
     """Importance weights of `ro` (the trainer's old log-probs against the sampler's, `rollout.is_mode`) and the
     rollout/… mismatch metrics (global over ranks); unchanged, and no metrics, without sampler log-probs (an
     error if rollout.is_mode names a correction explicitly)."""
-    r = tr.cfg.rollout
-    mode = r.is_mode_used
+    r, mode = tr.cfg.rollout, tr.cfg.decisions.importance_sampling
     if ro.sampler_log_probs is None:  # auto asks, and corrects when the backend answers (one that cannot: as is)
         if mode != "off" and r.is_mode != "auto":
             raise UserError(f"rollout.is_mode = {mode!r} needs the sampler's log-probs, and rollout backend "
