@@ -126,6 +126,17 @@ def test_rollout_settings_are_checked_with_the_key_and_the_fix():
     assert hf_off.is_mode_used == "off" and hf_off.wants_sampler_log_probs  # still measured, not corrected
 
 
+def test_config_check_warns_about_uncorrected_or_nucleus_skewed_weights():
+    from vapo_engine.config.effective import config_warnings
+
+    def warned(*over):
+        return [str(w) for w in config_warnings(load_config(ROOT / "config.toml", list(over)))
+                if w.key == "rollout.is_mode"]
+    assert warned() == [] and warned("model.top_p=1.0", "rollout.max_off_policy_steps=1") == []
+    assert "top_p = 0.95 nucleus" in warned("rollout.max_off_policy_steps=1")[0]  # the shipped top_p
+    assert "uncorrected" in warned("model.top_p=1.0", "rollout.max_off_policy_steps=1", 'rollout.is_mode="off"')[0]
+
+
 def test_a_stale_batch_is_dropped_and_sampled_again(tmp_path, model_dir):
     # calls: value-pretraining round, policy rollout 0, policy rollout 1 (current version 1) <- stale once
     StaleWeights.calls, StaleWeights.STALE = 0, {2}
