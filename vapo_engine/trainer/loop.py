@@ -4,7 +4,8 @@
   1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1)
   2. per rollout step: sample prompts × group_size → reward → old log-probs / values → decoupled, length-adaptive
      GAE → mini-batch updates (Clip-Higher token-level PG + positive NLL with replay + value loss) → log →
-     evaluate / checkpoint on their intervals
+     evaluate / checkpoint on their intervals. Samples of another copy of the policy carry importance weights;
+     with rollout.max_off_policy_steps > 0 the next rollout is sampled during the updates (offpolicy.py)
   3. final evaluation, checkpoint and summary.json
 
 How the processes work together (saving, evaluation, stop vote, lock-step, combining metrics over ranks) is
