@@ -79,6 +79,19 @@ CATALOGUE: dict[str, str] = {
     "rollout/prompts_digest": "48-bit digest of the step's prompt list (the same on every rank): runs with the "
                               "same seed draw the same prompts at the same step (trainer/streams.py), and records "
                               "prove it",
+    "rollout/logprob_diff_mean": "mean |log π_trainer − log π_sampler| over the sampled tokens: the trainer's "
+                                 "recomputed old log-probs against the rollout backend's own (≈ 0 when they "
+                                 "are the same weights and kernels; logged when the backend returns log-probs)",
+    "rollout/logprob_diff_max": "largest |log π_trainer − log π_sampler| of a sampled token",
+    "rollout/is_weight_mean": "mean importance weight π_trainer / π_sampler applied to the policy-gradient loss "
+                              "(after rollout.is_mode's truncation or masking)",
+    "rollout/is_clipfrac": "fraction of sampled tokens whose importance weight was truncated at rollout.is_cap "
+                           "(is_mode truncate) or masked for lying outside [1/is_cap, is_cap] (is_mode mask)",
+    "rollout/weight_version_lag": "policy versions (rollout steps' updates) between the weights that sampled the "
+                                  "batch and the weights it trains: 0 when synchronous, ≤ "
+                                  "rollout.max_off_policy_steps",
+    "rollout/dropped_stale": "samples dropped (and sampled again) so far because their weights were more than "
+                             "rollout.max_off_policy_steps versions old",
     # vapo
     "vapo/lambda_policy_mean": "mean λ_policy of the batch (length-adaptive or lambda_base)",
     "vapo/lambda_policy_min": "smallest λ_policy of the batch",
@@ -115,12 +128,15 @@ COMBINE: dict[str, str] = {
     **{name: SUM for name in ("actor/pg_loss", "actor/positive_nll", "actor/kl_ref", "actor/pg_clipfrac",
                               "actor/pg_clipfrac_high", "actor/pg_clipfrac_low", "actor/approx_kl",
                               "critic/value_loss", "critic/vf_clipfrac", "critic/pretrain_value_loss",
-                              "vapo/positive_samples", "vapo/replay_samples", "rollout/replica_failovers")},
-    **{name: MAX for name in ("actor/ratio_max", "rollout/response_length_max")},
+                              "vapo/positive_samples", "vapo/replay_samples", "rollout/replica_failovers",
+                              "rollout/dropped_stale")},
+    **{name: MAX for name in ("actor/ratio_max", "rollout/response_length_max", "rollout/logprob_diff_max",
+                              "rollout/weight_version_lag")},
     **{name: SAME for name in ("actor/entropy", "actor/lr", "critic/lr", "critic/value_mean", "critic/return_mean",
                                "critic/explained_var", "critic/return_var", "critic/explained_var_targets",
                                "vapo/advantage_mean", "vapo/advantage_std", "rollout/prompts_digest",
-                               "rollout/weight_version")},
+                               "rollout/weight_version", "rollout/logprob_diff_mean", "rollout/is_weight_mean",
+                               "rollout/is_clipfrac")},
     **{name: SAME for name in CATALOGUE if name.startswith(("critic/pretrain_ev_", "eval/"))},
     "critic/pretrain_explained_var": SAME,
     **{f"provider/{k}": MAIN for k in _PROVIDER},

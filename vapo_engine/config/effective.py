@@ -154,6 +154,7 @@ def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[Conf
                                "slightly off-policy wherever the nucleus cut off mass",
                                "set model.top_p = 1.0 for exact on-policy ratios (the paper samples RL rollouts "
                                "at T = 1.0, top_p = 1.0)", level="warning"))
+    out += _offpolicy_warnings(config, file)
     if config.decisions.lambda_policy == "length_adaptive":
         lmin = 1 / v.alpha
         out.append(ConfigIssue(file, "vapo.alpha", f"responses of ≤ {lmin:g} tokens get λ_policy = 0 "
@@ -161,4 +162,20 @@ def config_warnings(config: TrainConfig, file: str = "config.toml") -> list[Conf
                                f"{max(0.0, 1 - lmin / config.model.max_tokens):.3f}",
                                "choose α ≈ 20 / mean response length (paper 0.05 assumes thousands of tokens)",
                                level="warning"))
+    return out
+
+
+def _offpolicy_warnings(config: TrainConfig, file: str) -> list[ConfigIssue]:
+    """Importance sampling against a nucleus-truncated sampler; stale samples without a correction."""
+    r, m, out = config.rollout, config.model, []
+    if config.decisions.importance_sampling != "off" and m.top_p < 1 and m.temperature > 0:
+        out.append(ConfigIssue(file, "rollout.is_mode", f"the importance weights compare the sampler's log-probs, "
+                               f"taken within the top_p = {m.top_p:g} nucleus, with the trainer's over the full "
+                               "vocabulary, so the cut-off mass reads as a mismatch on every token (weights < 1)",
+                               "set model.top_p = 1.0 when sampling with another copy of the policy",
+                               level="warning"))
+    if r.max_off_policy_steps and config.decisions.importance_sampling == "off":
+        out.append(ConfigIssue(file, "rollout.is_mode", f"max_off_policy_steps = {r.max_off_policy_steps} trains "
+                               "on samples of older weights, and is_mode = \"off\" leaves that uncorrected",
+                               "set rollout.is_mode = \"truncate\" (or \"auto\")", level="warning"))
     return out

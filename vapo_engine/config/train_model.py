@@ -306,6 +306,39 @@ class RolloutConfig(Section):
     request_timeout_s: float = Field(600.0, gt=0, le=24 * 3600)
     """Timeout of one request to a replica (a prompt's samples, or a weight load); a timed-out replica counts as
     failed and its request goes to another."""
+    # Off-policy correction and staleness (issue 25 items 4-5; vapo_engine/algo/mismatch.py).
+    is_mode: Literal["auto", "truncate", "mask", "off"] = "auto"
+    """How the trainer corrects for tokens sampled by another copy of the policy (an inference server, or an
+    older snapshot with max_off_policy_steps > 0): the per-token weight π_trainer / π_sampler (the trainer's
+    recomputed old log-prob against the sampler's own) multiplies the policy-gradient loss. truncate = weight
+    capped at is_cap (truncated importance sampling); mask = tokens whose weight is outside [1/is_cap, is_cap]
+    get no gradient; off = no weight. auto = truncate whenever the backend returns its log-probs, except for
+    backend "hf" sampling synchronously, where the sampler IS the trainer's policy and nothing is asked or
+    changed (today's loss, exactly). Any mode other than off asks the backend for its log-probs (truncate or
+    mask set explicitly: a backend that returns none stops the run) and logs rollout/logprob_diff_mean,
+    rollout/logprob_diff_max, rollout/is_weight_mean and rollout/is_clipfrac (for hf a sanity check: ≈ 0)."""
+    is_cap: float = Field(2.0, gt=1, le=1000)
+    """The cap C of the importance weights (> 1): truncate caps them at C, mask drops tokens outside [1/C, C]."""
+    max_off_policy_steps: int = Field(0, ge=0, le=16)
+    """How many policy versions (rollout steps' updates) a sample may lag behind the weights it trains: 0 =
+    synchronous and exactly on-policy (sample, then update). k > 0 = the next rollout is sampled while the
+    current update runs (backend hf: from a frozen copy of the policy, which costs one more copy of its weights
+    in memory; single process only); a batch whose weights are more than k versions old is dropped, counted in
+    rollout/dropped_stale, and sampled again. rollout/weight_version_lag logs the lag (≤ k). hf samples one
+    rollout ahead, so its lag is 1 for any k ≥ 1; a server backend's replicas may lag more."""
+
+    @property
+    def is_mode_used(self) -> Literal["truncate", "mask", "off"]:
+        """`is_mode` with auto resolved: off for the synchronous in-process hf backend, else truncate."""
+        if self.is_mode != "auto":
+            return self.is_mode
+        return "off" if self.backend == "hf" and self.max_off_policy_steps == 0 else "truncate"
+
+    @property
+    def wants_sampler_log_probs(self) -> bool:
+        """Whether rollouts ask the backend for its log-probs: whenever the sampler may differ from the trainer's
+        policy (another backend, stale samples) or a correction is asked for."""
+        return self.backend != "hf" or self.max_off_policy_steps > 0 or self.is_mode_used != "off"
 
 
 class Decisions(Section):
@@ -334,6 +367,9 @@ class Decisions(Section):
     """Replayed past positives join the positive-example NLL (false when μ = 0)."""
     whiten_advantages: bool
     """Advantages are whitened over valid tokens (never for grpo, which is already normalised)."""
+    importance_sampling: Literal["truncate", "mask", "off"] = "off"
+    """The correction of samples drawn by another copy of the policy (rollout.is_mode with auto resolved:
+    off for the synchronous in-process hf backend, else truncate; docs/design.md §3.13)."""
     explained_variance_target: Literal["monte_carlo"] = "monte_carlo"
     """What `critic/explained_var` is measured against in every run: Monte-Carlo returns (λ = 1), whatever
     targets the critic trains on, so EV compares across ablation rows."""
@@ -354,7 +390,8 @@ class Decisions(Section):
                    clip_low=t.clip_range, clip_high=clip_high, loss_reduction=v.reduction,
                    value_pretrain_steps=v.value_pretrain_steps if critic else 0,
                    positive_lm_coef=v.positive_lm_coef, positive_replay=v.positive_replay and v.positive_lm_coef > 0,
-                   whiten_advantages=v.whiten_advantages and estimator != "grpo")
+                   whiten_advantages=v.whiten_advantages and estimator != "grpo",
+                   importance_sampling=c.rollout.is_mode_used)
 
 
 def _check_builtin(name: str | None) -> None:
@@ -462,6 +499,12 @@ class TrainConfig(Section):
                                     "or remove rollout.urls"))
         if len(set(r.urls)) != len(r.urls):
             out.append(FieldProblem("rollout.urls", "a URL is listed twice", "list each replica once"))
+        if r.max_off_policy_steps and r.backend == "hf" and (d.world_size > 1 or d.strategy == "fsdp"):
+            out.append(FieldProblem("rollout.max_off_policy_steps", "asynchronous rollouts with the in-process hf "
+                                    "backend sample from a copy of the policy, which is supported in one process "
+                                    f"only (this run has {d.world_size} processes, strategy {d.strategy!r})",
+                                    "set rollout.max_off_policy_steps = 0, or use one process, or a server "
+                                    "backend (rollout.backend)"))
         if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
             out.append(FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
                                     "use 3.0 (a common choice) or 0 to disable"))

@@ -45,11 +45,13 @@ class Rollout:
     returns: torch.Tensor | None = None         # (N, R) critic targets
     sampler_log_probs: torch.Tensor | None = None  # (N, R) the sampler's own log-probs, when asked for
     finished: torch.Tensor | None = None        # (N,) bool: the response ended with EOS (False: max_new_tokens)
+    is_weights: torch.Tensor | None = None      # (N, R) importance weights of the PG loss (algo/mismatch.py)
+    weight_version: int | None = None
+    """The version of the policy weights that sampled these (rollout steps whose updates they had taken,
+    `trainer.offpolicy`, the tag a remote backend's weights were pushed with); None = not known."""
     gen_seconds: float = 0.0
     temperature: float = 1.0
     """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
-    weight_version: int | None = None
-    """The policy weights' version that sampled these (a remote rollout backend); None for the live policy."""
 
     @property
     def size(self) -> int:

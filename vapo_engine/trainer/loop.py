@@ -4,7 +4,8 @@
   1. value pretraining: rollouts of the frozen initial policy, critic fitted to Monte-Carlo returns (λ = 1)
   2. per rollout step: sample prompts × group_size → reward → old log-probs / values → decoupled, length-adaptive
      GAE → mini-batch updates (Clip-Higher token-level PG + positive NLL with replay + value loss) → log →
-     evaluate / checkpoint on their intervals
+     evaluate / checkpoint on their intervals. Samples of another copy of the policy carry importance weights;
+     with rollout.max_off_policy_steps > 0 the next rollout is sampled during the updates (offpolicy.py)
   3. final evaluation, checkpoint and summary.json
 
 How the processes work together (saving, evaluation, stop vote, lock-step, combining metrics over ranks) is
@@ -22,12 +23,20 @@ from pathlib import Path
 import torch
 
 from vapo_engine.rollout.evaluate import evaluate
-from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids, sample_rollout
+from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
 from .critic import VALUE_ONLY, ev_breakdown, explained_var, mc_explained_var, plateaued
+from .offpolicy import (
+    correct_mismatch,
+    more_rollouts,
+    policy_version,
+    sample_step,
+    step_prompts,
+    within_bound,
+)
 from .replay import replay_count
 from .setup import Trainer, build_trainer
 from .update import update_step
@@ -70,6 +79,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
             RunDir(run_dir).write_json(SUMMARY_JSON, summary)
         return summary
     finally:
+        tr.prefetch.close()
         tr.provider.close()
         tr.models.backend.close()
         tr.logger.close()
@@ -118,8 +128,11 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
     ro, prompts_digest = collect(tr, "policy", tr.rollout_step, ask_provider=True)
+    ro, mismatch = correct_mismatch(tr, ro)  # importance weights where another copy of the policy sampled
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.parallel.sum)
-    metrics["rollout/prompts_digest"] = prompts_digest
+    metrics |= mismatch | {"rollout/prompts_digest": prompts_digest,
+                           "rollout/weight_version_lag": float(policy_version(tr) - ro.weight_version),
+                           "rollout/dropped_stale": float(tr.prefetch.dropped)}
     metrics |= rollout_metrics(ro, tr.cfg.vapo.group_size, tr.parallel.sum)
     if ro.values is not None:
         metrics |= mc_explained_var(ro, tr.parallel.sum)
@@ -127,10 +140,14 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
                                  tr.parallel.sum)
     t1 = time.perf_counter()
     updates, mini_size = [], tr.cfg.mini_batch_size // tr.parallel.size
-    for idx in minibatches(tr, ro.size, "policy", tr.rollout_step, tr.cfg.training.ppo_epochs):
+    plan = list(minibatches(tr, ro.size, "policy", tr.rollout_step, tr.cfg.training.ppo_epochs))
+    if tr.cfg.rollout.max_off_policy_steps and more_rollouts(tr, len(plan)):
+        tr.prefetch.start(tr, "policy", tr.rollout_step + 1)  # sampled from these weights while they update
+    for idx in plan:
         if tr.step >= tr.cfg.training.total_steps:
             break
         updates.append(policy_update(tr, ro.rows(idx)))
+    tr.prefetch.finish()
     tr.replay.add_correct(ro)
     tr.replay.add_pairs(tr.provider.collect(), source="provider")
     tr.rollout_step += 1
@@ -149,17 +166,16 @@ def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False) -> 
     """Rollout number `index` of `phase` ("policy" step or value-"pretrain" round) and the digest of its prompt
     list. Every rank draws the same global prompt list (the phase's prompt stream at this index,
     trainer/streams.py) and samples its own slice of groups, so the global batch does not depend on the world
-    size and a group never spans ranks."""
-    cfg, p, seed = tr.cfg, tr.parallel, tr.info.seed
-    prompts = tr.task.train_batch(cfg.prompts_per_step, streams.rng(seed, f"{phase}_prompts", index))
+    size and a group never spans ranks. A rollout sampled ahead while the last update ran is used if there is
+    one; a rollout sampled by weights older than rollout.max_off_policy_steps allows is sampled again
+    (trainer/offpolicy.py)."""
+    prompts = step_prompts(tr, phase, index)
     if ask_provider:  # policy steps only (not value pretraining); rank 0: answers arrive in the background
         tr.provider.submit(prompts)
-    share = cfg.prompts_per_step // p.size
-    problems = [q for q in prompts[p.rank * share:(p.rank + 1) * share] for _ in range(cfg.vapo.group_size)]
-    with streams.seeded(seed, "sampling", phase, index, p.rank, device=tr.models.device):
-        ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
-                            temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
-    return attach_old_outputs(tr.models, ro, cfg.micro_batch_size), streams.digest([q.prompt for q in prompts])
+    def fresh() -> Rollout:
+        return sample_step(tr, tr.models, phase, index, prompts, policy_version(tr))
+    ro = within_bound(tr, tr.prefetch.take(phase, index) or fresh(), fresh)
+    return attach_old_outputs(tr.models, ro, tr.cfg.micro_batch_size), streams.digest([q.prompt for q in prompts])
 
 
 def minibatches(tr: Trainer, n: int, phase: str, index: int, epochs: int) -> Iterator[torch.Tensor]:

@@ -31,6 +31,7 @@ from .fsdp import load_full_optimizer_state, shard_models
 from .lora import attach_adapters, describe, trainable
 from .memory import apply_memory_options
 from .models import ModelLoadError, Models, load_models, pick_autocast, pick_device, resolve_model_path
+from .offpolicy import Prefetch
 from .parallel import ONE_PROCESS, Parallel
 from .provider_samples import NullProviderSamples, ProviderSamples, provider_samples
 from .replay import ReplayBuffer
@@ -96,6 +97,8 @@ class Trainer:
     rollout_step: int = 0
     """Policy rollouts done."""
     history: History = field(default_factory=History)
+    prefetch: Prefetch = field(default_factory=Prefetch)
+    """The next rollout sampled ahead with rollout.max_off_policy_steps > 0; the stale samples dropped."""
 
     @property
     def world(self) -> World:

@@ -7,7 +7,9 @@ together, each micro-batch cut to its own longest response; every rank runs as m
 busiest one). Under data parallel the counts are all-reduced before use (`parallel.Parallel`). The
 positive-example NLL covers this batch's correct responses plus replayed ones, over one joint denominator.
 With `gradient_checkpointing` the passes run under `memory.checkpointing` (activations recomputed in the
-backward pass). Does not sample or compute advantages.
+backward pass). Tokens sampled by another copy of the policy carry importance weights (`Rollout.is_weights`,
+trainer/offpolicy.py), which scale each token's policy-gradient term; without them the loss is untouched.
+Does not sample or compute advantages.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from vapo_engine.algo import aggregate_loss, get_policy_loss, kl_penalty, positive_nll_loss, value_loss
+from vapo_engine.algo.mismatch import weighted_advantages
 from vapo_engine.config import TrainConfig
 from vapo_engine.metrics import MAX, combine_rule
 from vapo_engine.rollout.experience import Rollout, response_log_probs, response_values
@@ -132,7 +135,8 @@ def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos
     loss_fn = get_policy_loss(spec.policy_loss)
     with models.autocast():
         lp, _ = response_log_probs(models.policy, mb)
-        pg, m = loss_fn(lp, mb.old_log_probs, mb.advantages, mb.response_mask, clip_low=spec.clip_low,
+        adv = weighted_advantages(mb.advantages, mb.is_weights)  # w·L(A) = L(w·A): the IS-weighted PG loss
+        pg, m = loss_fn(lp, mb.old_log_probs, adv, mb.response_mask, clip_low=spec.clip_low,
                         clip_high=spec.clip_high, dual_clip=spec.dual_clip, reduction=spec.reduction,
                         global_token_count=n_tok, global_seq_count=n_seq)
         loss = pg
