@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 from vapo_engine.config import Secret, load_config, load_settings
 from vapo_engine.jobs import RunManager
 from vapo_engine.metrics import read_metrics
-from vapo_engine.runs import create_run, freeze_paths
+from vapo_engine.runs import create_run, freeze_paths, load_run
 
 
 def test_relative_jsonl_task_paths_are_frozen_absolute(tmp_path, monkeypatch):
@@ -42,3 +42,13 @@ def test_damaged_metrics_lines_are_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "kind": "train"}\n\xff\xfe{bad}\n{"kind": "train"}\n{"step": 2, "kind": "eval"}\n')
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
+
+
+def test_a_named_builtin_model_survives_the_snapshot(tmp_path):
+    """`builtin:chain@planted-stop` has the shape of `user:password@host`; it is a built-in model's name, and the
+    worker must read it back as written (the scrubber once turned it into `builtin:***@planted-stop`)."""
+    for name in ("builtin:chain@planted-stop", "builtin:chain@v1"):
+        cfg = load_config(ROOT / "config.toml", [f'model.builtin="{name}"'])
+        info = create_run(cfg, load_settings(ROOT / "settings.json"), tmp_path / name.replace(":", "_"))
+        _, frozen = load_run(info.run_dir)
+        assert frozen.model.builtin == name

@@ -158,3 +158,11 @@ def test_the_worker_prints_one_progress_line_per_record(tmp_path, model_dir):
     progress = [ln for ln in lines if ln.startswith(("train  step", "eval   step", "value-pretrain"))]
     assert progress == [format_record(r, 2) for r in recs]
     assert lines[-1] == "done: succeeded after 2 steps"
+
+
+def test_the_eval_line_shows_the_critics_held_out_ev_when_measured():
+    rec = {"step": 10, "kind": "eval", "eval/greedy_accuracy": 0.6, "eval/sampled_accuracy": 0.55,
+           "eval/response_length": 64.0}
+    assert "critic" not in format_record(rec)  # the start evaluation (untrained critic) and critic-free runs
+    line = format_record(rec | {"eval/critic_ev": 0.8123, "eval/critic_ev_start": 0.7})
+    assert line.endswith("critic held-out ev +0.81 (at the prompt +0.70)")

@@ -188,7 +188,16 @@ def safe_config_dump(dump: Mapping) -> dict:
     model = out.get("model")
     if isinstance(model, dict) and isinstance(model.get("name"), str):
         model["name"] = redact_tokens(model["name"])
+    builtin = (dump.get("model") or {}).get("builtin")
+    if isinstance(model, dict) and _is_builtin_model(builtin):  # `builtin:chain@v1` is a name, not `user:pw@host`
+        model["builtin"] = builtin
     return out
+
+
+def _is_builtin_model(name: object) -> bool:
+    """Whether `name` is one of the built-in models' names (a fixed list, so it cannot hold a key)."""
+    from vapo_engine.builtin_model.recipes import RECIPES  # torch-free
+    return isinstance(name, str) and name in RECIPES
 
 
 def safe_settings_dump(dump: Mapping) -> dict:

@@ -1,20 +1,26 @@
 """Accuracy of a policy on a task: greedy accuracy and sampled avg@k, overall and per difficulty bucket.
 
 Used by the trainer's held-out evaluation and by the built-in models' warm-start. Sampling runs under a
-forked, seeded RNG so that evaluating (or not) never changes the caller's random stream. Does not log or
-checkpoint.
+forked, seeded RNG so that evaluating (or not) never changes the caller's random stream. `on_sampled` sees the
+sampled held-out responses as a Rollout (the trainer measures its critic on them). Does not log or checkpoint.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vapo_engine.metrics import accuracies
 from vapo_engine.prompts import PromptFormat
 
+from .experience import Rollout, from_generation
 from .generate import generate, response_lengths, sample
+
+OnSampled = Callable[[Rollout, "Callable[[torch.Tensor], torch.Tensor]"], dict[str, float]]
+"""Extra metrics from the sampled held-out responses: called with this rank's rows (scored, no old outputs; rows
+that only pad a rank's slice have an all-zero response mask) and a function that sums a tensor over the ranks
+that share the evaluation (the identity for one)."""
 
 
 def scores(policy, tokenizer, task, problems, *, max_new_tokens: int, greedy: bool = True,
@@ -49,30 +55,40 @@ class Split:
 
 def evaluate(models, task, *, num_problems: int, samples_per_problem: int, max_new_tokens: int,
              temperature: float, top_p: float, seed: int, batch_size: int = 256,
-             prompt_format: PromptFormat | None = None, split: Split | None = None) -> dict[str, float]:
+             prompt_format: PromptFormat | None = None, split: Split | None = None,
+             on_sampled: OnSampled | None = None) -> dict[str, float]:
     """Held-out greedy accuracy and sampled avg@k (k = samples_per_problem) of `models.policy`, the prompts
-    encoded in `prompt_format` (None = plain); with `split`, this rank's slice (every rank gets the result)."""
+    encoded in `prompt_format` (None = plain); with `split`, this rank's slice (every rank gets the result);
+    with `on_sampled`, its metrics of the sampled responses too."""
     problems = task.heldout(num_problems)
     if not problems:
         return {}
     common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "prompt_format": prompt_format}
-    rewards, lengths = _scored(models, task, problems, split, common)
+    rewards, lengths, _ = _scored(models, task, problems, split, common)
     out = accuracies("greedy", task, problems, rewards)
     out["eval/response_length"] = sum(lengths) / len(lengths)
     if samples_per_problem > 0 and temperature > 0:  # seeded apart: the caller's random stream is untouched
         many = [p for p in problems for _ in range(samples_per_problem)]
-        rewards, _ = _scored(models, task, many, split, common, greedy=False, temperature=temperature,
-                             top_p=top_p, seed=seed + (split.rank if split else 0))
+        rewards, _, mine = _scored(models, task, many, split, common, greedy=False, temperature=temperature,
+                                   top_p=top_p, seed=seed + (split.rank if split else 0))
         out |= accuracies("sampled", task, many, rewards)
+        if on_sampled is not None:
+            gen, scores, valid = mine
+            ro = from_generation(gen, scores, models.device, temperature=temperature)
+            if valid < ro.size:  # padding rows keep their place (lock-step forwards) but count for nothing
+                ro = replace(ro, response_mask=ro.response_mask * (torch.arange(ro.size) < valid).to(
+                    ro.response_mask)[:, None])
+            out |= on_sampled(ro, split.sum if split else (lambda t: t))
     return out
 
 
-def _scored(models, task, problems, split: Split | None, common: dict, **how) -> tuple[list[float], list[float]]:
-    """(rewards, response lengths) of every problem; with `split`, this rank scores an equal slice (the list
-    padded with copies of the first problem so every rank runs the same batches) and the ranks' parts are summed."""
+def _scored(models, task, problems, split: Split | None, common: dict, **how):
+    """(rewards, response lengths) of every problem, and this rank's (generation, rewards, rows that are not
+    padding); with `split`, this rank scores an equal slice (the list padded with copies of the first problem
+    so every rank runs the same batches) and the ranks' parts are summed."""
     if split is None:
         rewards, gen = _run_scores(models, task, problems, **common, **how)
-        return rewards, response_lengths(gen.response_mask).float().tolist()
+        return rewards, response_lengths(gen.response_mask).float().tolist(), (gen, rewards, len(rewards))
     n = len(problems)
     per = -(-n // split.size)
     padded = problems + [problems[0]] * (per * split.size - n)
@@ -82,4 +98,4 @@ def _scored(models, task, problems, split: Split | None, common: dict, **how) ->
     full[0, lo:lo + per] = torch.tensor(rewards, dtype=torch.float64)
     full[1, lo:lo + per] = response_lengths(gen.response_mask).double().cpu()
     full = split.sum(full).cpu()
-    return full[0, :n].tolist(), full[1, :n].tolist()
+    return full[0, :n].tolist(), full[1, :n].tolist(), (gen, rewards, max(0, min(per, n - lo)))

@@ -152,16 +152,23 @@ def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: 
     gen = sample(models, [p.prompt for p in problems], max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
                  with_log_probs=with_sampler_log_probs)
-    dev = models.device
-    scores = torch.tensor([task.reward(t, p.answer) for t, p in zip(gen.texts, problems)], dtype=torch.float32)
+    scores = [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)]
+    return from_generation(gen, scores, models.device, temperature=temperature if do_sample else 0.0,
+                           gen_seconds=time.perf_counter() - t0)
+
+
+def from_generation(gen, scores: list[float], device, *, temperature: float, gen_seconds: float = 0.0) -> Rollout:
+    """The Rollout of a generation (`generate.Generation`) and its per-response scores, sampled at
+    `temperature` (0 = greedy)."""
+    dev, scores = device, torch.tensor(scores, dtype=torch.float32)
     resp_mask = gen.response_mask.float()
     input_ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1)
     attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
                    scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
                    gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=None if gen.log_probs is None
-                   else gen.log_probs.to(dev), finished=gen.finished.to(dev), gen_seconds=time.perf_counter() - t0,
-                   temperature=logprob_temperature(temperature if do_sample else 0.0),
+                   else gen.log_probs.to(dev), finished=gen.finished.to(dev), gen_seconds=gen_seconds,
+                   temperature=logprob_temperature(temperature),
                    weight_version=gen.weight_version)
 
 

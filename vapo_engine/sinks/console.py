@@ -26,10 +26,13 @@ def format_record(rec: dict, total_steps: int | None = None) -> str:
         s = rec.get("eval/sampled_accuracy")
         buckets = "".join(f" {b} {rec[f'eval/greedy_accuracy_{b}']:.2f}" for b in ("short", "mid", "long")
                           if f"eval/greedy_accuracy_{b}" in rec)
+        ev, ev0 = rec.get("eval/critic_ev"), rec.get("eval/critic_ev_start")
         return (f"eval   step {step:>5}: greedy acc {rec.get('eval/greedy_accuracy', 0):.3f}"
                 + (f" ({buckets.strip()})" if buckets else "")
                 + (f"  sampled acc {s:.3f}" if s is not None else "")
-                + f"  len {rec.get('eval/response_length', 0):.1f}")
+                + f"  len {rec.get('eval/response_length', 0):.1f}"
+                + (f"  critic held-out ev {ev:+.2f}" if ev is not None else "")
+                + (f" (at the prompt {ev0:+.2f})" if ev0 is not None else ""))
     if kind == "pretrain":
         ev = rec.get("critic/pretrain_explained_var")
         return (f"value-pretrain {step:>3}: value loss {rec.get('critic/pretrain_value_loss', 0):.4f}  "

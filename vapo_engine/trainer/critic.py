@@ -9,16 +9,22 @@ the end of answers, or only short ones, shows.
 `critic/explained_var` is always measured against Monte-Carlo returns, whatever targets the critic trains on
 (λ_critic, or λ_policy without Decoupled-GAE), so the column compares across ablation rows; EV against the
 training targets is `critic/explained_var_targets`. Undefined EV (constant returns) is omitted, never logged.
+Both are measured on a fresh rollout before the critic trains on it, from training prompts. On held-out prompts,
+each evaluation measures the critic on the evaluation's sampled responses (`heldout_ev`): `eval/critic_ev` over
+every response token, `eval/critic_ev_start` of V(s_0) alone (the value of the prompt: its predicted chance of
+success) against the rewards.
 """
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from vapo_engine.algo import ev_from_stats, ev_stats
+from vapo_engine.rollout.experience import response_values
 
 from .advantages import monte_carlo_returns
 
@@ -49,6 +55,21 @@ def mc_explained_var(ro, reduce_sum: SumRanks, name: str = "critic/explained_var
     ev, n = float(ev_from_stats(st)), float(st[0].clamp(min=1))
     var = float(st[2] / n - (st[1] / n) ** 2)
     return ({name: ev} if math.isfinite(ev) else {}) | {"critic/return_var": max(var, 0.0)}
+
+
+def heldout_ev(models, micro_batch: int):
+    """The `on_sampled` hook of the held-out evaluation (rollout.evaluate): the critic's EV on the sampled
+    held-out responses against their Monte-Carlo returns, over all response tokens and at the first one."""
+    def measure(ro, reduce_sum: SumRanks) -> dict[str, float]:
+        with torch.no_grad(), models.autocast():
+            values = torch.cat([response_values(models.value, ro.rows(slice(s, s + micro_batch)))
+                                for s in range(0, ro.size, micro_batch)])
+        mc = monte_carlo_returns(replace(ro, values=values)).returns
+        first = torch.zeros_like(ro.response_mask)
+        first[:, 0] = ro.response_mask[:, 0]
+        return (explained_var("eval/critic_ev", values, mc, ro.response_mask, reduce_sum)
+                | explained_var("eval/critic_ev_start", values, mc, first, reduce_sum))
+    return measure
 
 
 def ev_breakdown(ro, reduce_sum: SumRanks, prefix: str) -> dict[str, float]:

@@ -28,7 +28,7 @@ from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
-from .critic import VALUE_ONLY, ev_breakdown, explained_var, mc_explained_var, plateaued
+from .critic import VALUE_ONLY, ev_breakdown, explained_var, heldout_ev, mc_explained_var, plateaued
 from .offpolicy import (
     correct_mismatch,
     more_rollouts,
@@ -231,12 +231,15 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
 
 def evaluate_policy(tr: Trainer, on_record) -> dict[str, float]:
     """The held-out evaluation of the current policy (rank 0, or a slice on every rank under fsdp), logged;
-    every rank keeps the result."""
+    every rank keeps the result. With a critic that has trained (not the start evaluation before value
+    pretraining), its held-out EV on the evaluation's sampled responses too (critic.heldout_ev)."""
     c = tr.cfg
+    critic_trained = tr.models.value is not None and (tr.pretrain_step > 0 or tr.step > 0 or bool(c.model.value_path))
     m = tr.parallel.evaluate(lambda split: evaluate(
         tr.models, tr.eval_task, num_problems=c.eval.num_problems, samples_per_problem=c.eval.samples_per_problem,
         max_new_tokens=c.model.max_tokens, temperature=c.model.temperature, top_p=c.model.top_p,
-        seed=streams.seed_of(tr.info.seed, "eval", tr.step), prompt_format=tr.eval_prompts, split=split))
+        seed=streams.seed_of(tr.info.seed, "eval", tr.step), prompt_format=tr.eval_prompts, split=split,
+        on_sampled=heldout_ev(tr.models, c.micro_batch_size) if critic_trained else None))
     on_record(tr.logger.log(tr.step, "eval", m))
     tr.history.last_eval = m
     return m
