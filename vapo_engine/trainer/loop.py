@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 
 from vapo_engine.rollout.evaluate import evaluate
-from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids, sample_rollout
+from vapo_engine.rollout.experience import Rollout, from_token_ids, sample_rollout
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from . import streams
 from .advantages import add_advantages, monte_carlo_returns
 from .critic import VALUE_ONLY, ev_breakdown, explained_var, mc_explained_var, plateaued
+from .first_forward import FirstForward, old_outputs, reuse_possible
 from .replay import replay_count
 from .setup import Trainer, build_trainer
 from .update import update_step
@@ -88,7 +89,7 @@ def pretrain_value(tr: Trainer, on_record, should_stop: Callable[[], bool] | Non
 def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     """A fresh rollout of the frozen initial policy; the critic's explained variance on it *before* training on
     it (held-out), then `value_pretrain_epochs` passes of mini-batch updates towards Monte-Carlo returns."""
-    ro, prompts_digest = collect(tr, "pretrain", tr.pretrain_step)
+    ro, prompts_digest, first = collect(tr, "pretrain", tr.pretrain_step)
     ro = monte_carlo_returns(ro)
     metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask,
                             tr.parallel.sum)
@@ -96,7 +97,8 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     losses = []
     for idx in minibatches(tr, ro.size, "pretrain", tr.pretrain_step, tr.cfg.vapo.value_pretrain_epochs):
         m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro.rows(idx), None, tr.spec, parallel=tr.parallel,
-                        train_actor=False)
+                        train_actor=False, first=first)
+        first = None
         tr.sched_critic.step()
         losses.append(m["critic/value_loss"])
     tr.pretrain_step += 1
@@ -114,7 +116,7 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
 def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
-    ro, prompts_digest = collect(tr, "policy", tr.rollout_step, ask_provider=True)
+    ro, prompts_digest, first = collect(tr, "policy", tr.rollout_step, ask_provider=True)
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.parallel.sum)
     metrics["rollout/prompts_digest"] = prompts_digest
     metrics |= rollout_metrics(ro, tr.cfg.vapo.group_size, tr.parallel.sum)
@@ -127,7 +129,8 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     for idx in minibatches(tr, ro.size, "policy", tr.rollout_step, tr.cfg.training.ppo_epochs):
         if tr.step >= tr.cfg.training.total_steps:
             break
-        updates.append(policy_update(tr, ro.rows(idx)))
+        updates.append(policy_update(tr, ro.rows(idx), first))
+        first = None  # only the first mini-batch's first micro-batch was scored before any update
     tr.replay.add_correct(ro)
     tr.replay.add_pairs(tr.provider.collect(), source="provider")
     tr.rollout_step += 1
@@ -142,11 +145,13 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     return tr.parallel.combine(metrics | tr.provider.metrics())
 
 
-def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False) -> tuple[Rollout, float]:
-    """Rollout number `index` of `phase` ("policy" step or value-"pretrain" round) and the digest of its prompt
-    list. Every rank draws the same global prompt list (the phase's prompt stream at this index,
-    trainer/streams.py) and samples its own slice of groups, so the global batch does not depend on the world
-    size and a group never spans ranks."""
+def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False
+            ) -> tuple[Rollout, float, FirstForward | None]:
+    """Rollout number `index` of `phase` ("policy" step or value-"pretrain" round) with its old outputs, the
+    digest of its prompt list, and the kept forward pass of the first update's first micro-batch (None where
+    not possible: first_forward.py). Every rank draws the same global prompt list (the phase's prompt stream
+    at this index, trainer/streams.py) and samples its own slice of groups, so the global batch does not depend
+    on the world size and a group never spans ranks. Value pretraining takes no policy outputs."""
     cfg, p, seed = tr.cfg, tr.parallel, tr.info.seed
     prompts = tr.task.train_batch(cfg.prompts_per_step, streams.rng(seed, f"{phase}_prompts", index))
     if ask_provider:  # policy steps only (not value pretraining); rank 0: answers arrive in the background
@@ -156,7 +161,14 @@ def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False) -> 
     with streams.seeded(seed, "sampling", phase, index, p.rank, device=tr.models.device):
         ro = sample_rollout(tr.models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts)
-    return attach_old_outputs(tr.models, ro, cfg.micro_batch_size), streams.digest([q.prompt for q in prompts])
+    policy = phase == "policy"
+    epochs = cfg.training.ppo_epochs if policy else cfg.vapo.value_pretrain_epochs
+    updates = policy and tr.step < cfg.training.total_steps or not policy and tr.uses_critic
+    first_mini = next(minibatches(tr, ro.size, phase, index, epochs), None) \
+        if updates and reuse_possible(cfg, tr.parallel.sharded) else None
+    ro, first = old_outputs(tr.models, ro, cfg.micro_batch_size, first_mini, tr.spec, tr.parallel.max_int,
+                            policy=policy)
+    return ro, streams.digest([q.prompt for q in prompts]), first
 
 
 def minibatches(tr: Trainer, n: int, phase: str, index: int, epochs: int) -> Iterator[torch.Tensor]:
@@ -169,8 +181,9 @@ def minibatches(tr: Trainer, n: int, phase: str, index: int, epochs: int) -> Ite
         yield from (perm[s:s + size] for s in range(0, n, size))
 
 
-def policy_update(tr: Trainer, mini: Rollout) -> dict[str, float]:
-    """One optimizer step of actor (and critic) on a mini-batch, with replayed positives joining the NLL."""
+def policy_update(tr: Trainer, mini: Rollout, first: FirstForward | None = None) -> dict[str, float]:
+    """One optimizer step of actor (and critic) on a mini-batch, with replayed positives joining the NLL;
+    `first`: the kept forward pass of its first micro-batch (update_step)."""
     replay = None
     if tr.cfg.decisions.positive_replay:
         n = replay_count(int(mini.correct.sum()), tr.cfg.vapo.replay_ratio, len(tr.replay))
@@ -178,7 +191,7 @@ def policy_update(tr: Trainer, mini: Rollout) -> dict[str, float]:
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device,
                                 temperature=tr.cfg.model.temperature) if pairs else None
     m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, parallel=tr.parallel,
-                    train_critic=tr.uses_critic)
+                    train_critic=tr.uses_critic, first=first)
     tr.sched_actor.step()
     if tr.sched_critic is not None:
         tr.sched_critic.step()
