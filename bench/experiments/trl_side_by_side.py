@@ -36,10 +36,16 @@ Measured — s/opt step: ours Σ perf/step_time_s (sample → reward → old log
 logged per rollout) / optimizer steps; TRL Σ (on_step_begin → on_step_end) / optimizer steps (its generation runs
 inside the first step of each rollout). Time to +N: training wall time without the held-out evaluations (with value
 pretraining, logging, data loading) up to the first evaluation with greedy accuracy ≥ step-0 accuracy + N points.
-One run per side, so timings carry the machine's load (the record has the load averages). Nothing here asserts.
+With --repeats N the sides run N interleaved rounds (TRL, ours, ours, …, then again), so a change of the machine's
+load hits every side alike: s/opt step is the median over the rounds, and each side's ratio to TRL GRPO is the
+median of the per-round ratios; the curves and time to +N points are the first round's. --small-critic adds our
+VAPO with a smaller critic ([critic] settings, e.g. critic.depth_ratio=0.5,critic.width_ratio=0.5) as the side
+`vapo_small_critic`. Timings carry the machine's load (the record has the load averages). Nothing here asserts.
 
     .venv-trl/bin/python -m bench.experiments.trl_side_by_side                       # cpu-demo shapes, builtin:addition
     .venv-trl/bin/python -m bench.experiments.trl_side_by_side --task builtin:chain --preset <its preset>
+    .venv-trl/bin/python -m bench.experiments.trl_side_by_side --repeats 3 \
+        --small-critic critic.depth_ratio=0.5,critic.width_ratio=0.5       # the issue-24 measurement
     .venv-trl/bin/python -m bench.experiments.trl_side_by_side --smoke --out /tmp/x  # seconds per side
 """
 from __future__ import annotations
@@ -47,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -73,8 +80,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--points", type=float, default=10, help="N: target = step-0 greedy accuracy + N points")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the sides")
+    p.add_argument("--small-critic", default=None, metavar="KEY=VALUE,...",
+                   help="also run our VAPO with these [critic] settings (side vapo_small_critic)")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
+
+
+SMALL = "vapo_small_critic"
+
+
+def critic_overrides(args) -> list[str]:
+    """The --small-critic settings as overrides; each must be a critic.* key."""
+    out = [x.strip() for x in (args.small_critic or "").split(",") if x.strip()]
+    bad = [x for x in out if not x.startswith("critic.") or "=" not in x]
+    if bad:
+        raise SystemExit(f"--small-critic takes critic.KEY=VALUE settings separated by commas, got {bad[0]!r}")
+    return out
 
 
 def require_trl() -> dict:
@@ -89,11 +111,11 @@ def require_trl() -> dict:
     return {"trl": trl.__version__, "accelerate": accelerate.__version__, "datasets": datasets.__version__}
 
 
-def bench_config(variant: str, args, task: str, model_dir: Path, steps: int, every: int):
-    """config.toml + preset + the variant's overrides + this benchmark's; returns (config, overrides)."""
+def bench_config(variant: str, args, task: str, model_dir: Path, steps: int, every: int, more: list[str] = ()):
+    """config.toml + preset + the variant's overrides + this benchmark's (+ `more`); returns (config, overrides)."""
     extra = [f"training.total_steps={steps}", f"eval.eval_interval={every}", f"eval.save_interval={10 * steps}",
              f"model.local_path={json.dumps(str(model_dir))}", f"data.train={json.dumps(task)}",
-             f"eval.benchmark={json.dumps(task)}", *(SMOKE_OVERRIDES if args.smoke else ())]
+             f"eval.benchmark={json.dumps(task)}", *(SMOKE_OVERRIDES if args.smoke else ()), *more]
     return load_bench_config(variant, extra, args.preset)
 
 
@@ -124,10 +146,11 @@ def timeline(events: list[tuple[float, dict]]) -> tuple[list[dict], dict[str, fl
     return curve, spent
 
 
-def run_ours(variant: str, args, task: str, model_dir: Path, steps: int, every: int) -> dict:
+def run_ours(variant: str, args, task: str, model_dir: Path, steps: int, every: int, side: str | None = None,
+             more: list[str] = ()) -> dict:
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
-    cfg, overrides = bench_config(variant, args, task, model_dir, steps, every)
+    cfg, overrides = bench_config(variant, args, task, model_dir, steps, every, more)
     events = []
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
         info = create_run(cfg, settings_with_seed(args.seed), Path(tmp), run_id=f"{variant}-s{args.seed}",
@@ -137,7 +160,7 @@ def run_ours(variant: str, args, task: str, model_dir: Path, steps: int, every: 
                         on_record=lambda r: events.append((time.perf_counter(), r)))
     curve, spent = timeline(events)
     rollouts = [r["perf/step_time_s"] for _, r in events if r["kind"] == "train"]
-    return {"side": variant, "steps": summary["steps"], "overrides": overrides, "curve": curve,
+    return {"side": side or variant, "steps": summary["steps"], "overrides": overrides, "curve": curve,
             "train_s": round(sum(spent.values()), 2), "value_pretrain_s": round(spent.get("pretrain", 0.0), 2),
             "step_time_s_sum": round(sum(rollouts), 3), "rollout_times_s": [round(x, 3) for x in rollouts]}
 
@@ -235,12 +258,15 @@ def summarize(run: dict, points: float) -> dict:
             "train_s_total": run["train_s"], "value_pretrain_s": run.get("value_pretrain_s", 0.0)}
 
 
-def ratios(summary: dict) -> dict:
-    """Each side over TRL GRPO (< 1 = faster than TRL)."""
+def ratios(summary: dict, rounds: list[dict] | None = None) -> dict:
+    """Each side over TRL GRPO (< 1 = faster than TRL): s/opt step as the median of the per-round ratios."""
     base = summary["trl_grpo"]
     out = {}
     for side, s in summary.items():
-        out[side] = {"s_per_opt_step": round(s["s_per_opt_step"] / base["s_per_opt_step"], 3)}
+        per_round = [r[side]["s_per_opt_step"] / r["trl_grpo"]["s_per_opt_step"] for r in rounds or [summary]]
+        out[side] = {"s_per_opt_step": round(statistics.median(per_round), 3)}
+        if len(per_round) > 1:
+            out[side]["s_per_opt_step_rounds"] = [round(x, 3) for x in per_round]
         if s["train_s_to_target"] is not None and base["train_s_to_target"]:
             out[side]["train_s_to_target"] = round(s["train_s_to_target"] / base["train_s_to_target"], 3)
     return out
@@ -267,7 +293,7 @@ def plot(path: Path, runs: list[dict], summary: dict, title: str) -> None:
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=7)
     sides = list(summary)
-    ax2.bar(sides, [summary[s]["s_per_opt_step"] for s in sides], color=["C0", "C1", "C2"][:len(sides)])
+    ax2.bar(sides, [summary[s]["s_per_opt_step"] for s in sides], color=["C0", "C1", "C2", "C3"][:len(sides)])
     ax2.set(ylabel="seconds per optimizer step")
     fig.suptitle(title, fontsize=10)
     plots.save(fig, path)
@@ -291,14 +317,24 @@ def main(argv=None) -> dict:
     task = args.task or load_config(records.REPO / "config.toml", preset=args.preset).data.train
     steps, every = (2, 1) if args.smoke else (args.steps, args.eval_interval)
     model_dir = builtin_model_dir(task=task)
-    t0, load0 = time.time(), records.load_avg()
-    runs = [run_trl(args, task, model_dir, steps, every)]
-    runs += [run_ours(v, args, task, model_dir, steps, every) for v in ("grpo", "vapo")]
-    summary = {r["side"]: summarize(r, args.points) for r in runs}
-    rel = ratios(summary)
+    t0, load0, small = time.time(), records.load_avg(), critic_overrides(args)
+    rounds_runs, loads = [], []
+    for _ in range(max(1, args.repeats)):
+        loads.append(records.load_avg())
+        runs = [run_trl(args, task, model_dir, steps, every)]
+        runs += [run_ours(v, args, task, model_dir, steps, every) for v in ("grpo", "vapo")]
+        runs += [run_ours("vapo", args, task, model_dir, steps, every, SMALL, small)] if small else []
+        rounds_runs.append(runs)
+    rounds = [{r["side"]: summarize(r, args.points) for r in runs} for runs in rounds_runs]
+    runs, summary = rounds_runs[0], dict(rounds[0])
+    for side, s in summary.items():
+        per = [r[side]["s_per_opt_step"] for r in rounds]
+        summary[side] = s | {"s_per_opt_step": round(statistics.median(per), 4), "s_per_opt_step_rounds": per}
+    rel = ratios(summary, rounds)
     cfg, _ = bench_config("grpo", args, task, model_dir, steps, every)
     meta = {"task": task, "preset": args.preset, "model_dir": str(model_dir), "steps": steps, "eval_interval": every,
             "points": args.points, "seed": args.seed, "smoke": args.smoke, "versions": versions,
+            "repeats": max(1, args.repeats), "order": "interleaved rounds", "small_critic": small,
             "batch_size": cfg.training.batch_size, "group_size": cfg.vapo.group_size,
             "mini_batch_size": cfg.mini_batch_size, "micro_batch_size": cfg.micro_batch_size,
             "opt_steps_per_rollout": steps_per_rollout(cfg), "max_new_tokens": cfg.model.max_tokens,
@@ -307,9 +343,11 @@ def main(argv=None) -> dict:
             "s_per_opt_step_ours": "Σ perf/step_time_s / optimizer steps",
             "s_per_opt_step_trl": "Σ (on_step_begin → on_step_end) / optimizer steps"}
     record = {"command": interpreter_command(), "config": meta, "wall_s_total": round(time.time() - t0, 1),
-              "load_avg_start": load0, "load_avg_end": records.load_avg(), "summary": summary,
+              "load_avg_start": load0, "load_avg_end": records.load_avg(), "load_avg_per_round": loads,
+              "summary": summary,
               "ratio_vs_trl_grpo": rel, "vapo_step_no_slower_than_trl": rel["vapo"]["s_per_opt_step"] <= 1.0,
-              "runs": runs}
+              "runs": runs, "later_rounds": [[{k: r[k] for k in ("side", "steps", "step_time_s_sum")}
+                                              for r in rr] for rr in rounds_runs[1:]]}
     path = records.write_record(NAME, record, Path(args.out) if args.out else None)
     plot(path.with_suffix(".png"), runs, summary,
          f"TRL GRPO vs our GRPO and VAPO, {task}, {steps} optimizer steps, seed {args.seed}")

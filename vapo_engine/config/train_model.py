@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, computed_field, model_validator
 
 from .base import PathText, Section
+from .critic_model import CriticConfig
 from .errors import FieldProblem
 from .lora_model import LoraConfig
 
@@ -422,6 +423,8 @@ class TrainConfig(Section):
     """[provider_rollouts] API-channel samples as extra positives for the positive-example NLL."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """[lora] low-rank adapters instead of full fine-tuning (vapo_engine/config/lora_model.py)."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """[critic] a value model smaller than the policy (vapo_engine/config/critic_model.py)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     """[logging] where metric records go (metrics.jsonl, TensorBoard, the worker log)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -505,6 +508,9 @@ class TrainConfig(Section):
                                     f"only (this run has {d.world_size} processes, strategy {d.strategy!r})",
                                     "set rollout.max_off_policy_steps = 0, or use one process, or a server "
                                     "backend (rollout.backend)"))
+        if self.critic.model_path and self.model.value_path:
+            out.append(FieldProblem("critic.model_path", "both critic.model_path and model.value_path name the "
+                                    "critic's starting weights", "keep one of the two"))
         if self.vapo.dual_clip and self.vapo.dual_clip <= 1:
             out.append(FieldProblem("vapo.dual_clip", f"dual_clip {self.vapo.dual_clip} must be > 1 (or 0 = off)",
                                     "use 3.0 (a common choice) or 0 to disable"))

@@ -174,7 +174,7 @@ def from_generation(gen, scores: list[float], device, *, temperature: float, gen
 
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
     """Log-probs (N, R) of the response tokens under `model` at `ro.temperature` (and token entropies of that
-    distribution if asked)."""
+    distribution if asked: a diagnostic, computed without gradient)."""
     out = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
                 use_cache=False)
     p = ro.prompt_len
@@ -182,7 +182,31 @@ def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
     if ro.temperature != 1.0:
         logits = logits / ro.temperature
     lp = log_probs_from_logits(logits, ro.input_ids[:, p:])
-    return (lp, entropy_from_logits(logits)) if with_entropy else (lp, None)
+    if not with_entropy:
+        return lp, None
+    with torch.no_grad():
+        return lp, entropy_from_logits(logits.detach())
+
+
+def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_log_probs` of the rows of `a` and of `b` (same temperature) from ONE forward pass over both:
+    the rows are re-padded to the wider prompt (left) and response (right) widths. Extra left padding is masked
+    and the positions skip it, extra right padding comes after every token of a row (causal attention), so each
+    valid token's log-prob is the one of its own pass up to float rounding. Returns (N_a, R_a), (N_b, R_b)."""
+    if a.temperature != b.temperature:
+        raise ValueError(f"joined rows need one temperature, got {a.temperature} and {b.temperature}")
+    p = max(a.prompt_len, b.prompt_len)
+    r = max(a.response_mask.shape[1], b.response_mask.shape[1])
+
+    def padded(ro: Rollout, name: str) -> torch.Tensor:
+        left, right = p - ro.prompt_len, r - ro.response_mask.shape[1]
+        return torch.nn.functional.pad(getattr(ro, name), (left, right), value=0)
+    attn = torch.cat([padded(a, "attention_mask"), padded(b, "attention_mask")])
+    both = replace(a, input_ids=torch.cat([padded(a, "input_ids"), padded(b, "input_ids")]), attention_mask=attn,
+                   position_ids=position_ids_from(attn), prompt_len=p)
+    lp, _ = response_log_probs(model, both)
+    n = a.size
+    return lp[:n, :a.response_mask.shape[1]], lp[n:, :b.response_mask.shape[1]]
 
 
 def response_values(value_model, ro: Rollout) -> torch.Tensor:
@@ -194,16 +218,18 @@ def response_values(value_model, ro: Rollout) -> torch.Tensor:
 
 
 @torch.no_grad()
-def attach_old_outputs(models, ro: Rollout, micro_batch: int) -> Rollout:
-    """Fill old/ref log-probs, entropies and values by micro-batches, without gradients."""
+def attach_old_outputs(models, ro: Rollout, micro_batch: int, *, policy: bool = True) -> Rollout:
+    """Fill old/ref log-probs, entropies and values by micro-batches, without gradients. `policy=False` leaves
+    the policy's and the reference's outputs out (value pretraining uses values only)."""
     parts: dict[str, list[torch.Tensor]] = {"old_log_probs": [], "entropy": [], "ref_log_probs": [], "values": []}
     for s in range(0, ro.size, micro_batch):
         mb = ro.rows(slice(s, s + micro_batch))
         with models.autocast():
-            lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
-            parts["old_log_probs"].append(lp)
-            parts["entropy"].append(ent)
-            if models.reference is not None:
+            if policy:
+                lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
+                parts["old_log_probs"].append(lp)
+                parts["entropy"].append(ent)
+            if policy and models.reference is not None:
                 parts["ref_log_probs"].append(response_log_probs(models.reference, mb)[0])
             if models.value is not None:
                 parts["values"].append(response_values(models.value, mb))

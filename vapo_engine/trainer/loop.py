@@ -17,25 +17,24 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from vapo_engine.rollout.evaluate import evaluate
-from vapo_engine.rollout.experience import Rollout, attach_old_outputs, from_token_ids
+from vapo_engine.rollout.experience import Rollout, from_token_ids
 from vapo_engine.rundir import SUMMARY_JSON, RunDir
 
 from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
+from .batches import collect, minibatches
 from .critic import VALUE_ONLY, ev_breakdown, explained_var, heldout_ev, mc_explained_var, plateaued
+from .first_forward import FirstForward
 from .offpolicy import (
     correct_mismatch,
     more_rollouts,
     policy_version,
-    sample_step,
-    step_prompts,
-    within_bound,
 )
 from .replay import replay_count
 from .setup import Trainer, build_trainer
@@ -101,7 +100,7 @@ def pretrain_value(tr: Trainer, on_record, should_stop: Callable[[], bool] | Non
 def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     """A fresh rollout of the frozen initial policy; the critic's explained variance on it *before* training on
     it (held-out), then `value_pretrain_epochs` passes of mini-batch updates towards Monte-Carlo returns."""
-    ro, prompts_digest = collect(tr, "pretrain", tr.pretrain_step)
+    ro, prompts_digest, first = collect(tr, "pretrain", tr.pretrain_step)
     ro = monte_carlo_returns(ro)
     metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask,
                             tr.parallel.sum)
@@ -109,7 +108,8 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     losses = []
     for idx in minibatches(tr, ro.size, "pretrain", tr.pretrain_step, tr.cfg.vapo.value_pretrain_epochs):
         m = update_step(tr.models, tr.opt_actor, tr.opt_critic, ro.rows(idx), None, tr.spec, parallel=tr.parallel,
-                        train_actor=False)
+                        train_actor=False, first=first)
+        first = None
         tr.sched_critic.step()
         losses.append(m["critic/value_loss"])
     tr.pretrain_step += 1
@@ -127,7 +127,7 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
 def rollout_step(tr: Trainer) -> dict[str, float]:
     """sample → reward → values → advantages → updates; returns the step's metrics."""
     t0 = time.perf_counter()
-    ro, prompts_digest = collect(tr, "policy", tr.rollout_step, ask_provider=True)
+    ro, prompts_digest, first = collect(tr, "policy", tr.rollout_step, ask_provider=True)
     ro, mismatch = correct_mismatch(tr, ro)  # importance weights where another copy of the policy sampled
     ro, metrics = add_advantages(ro, tr.cfg, reduce_sum=tr.parallel.sum)
     metrics |= mismatch | {"rollout/prompts_digest": prompts_digest,
@@ -146,7 +146,8 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     for idx in plan:
         if tr.step >= tr.cfg.training.total_steps:
             break
-        updates.append(policy_update(tr, ro.rows(idx)))
+        updates.append(policy_update(tr, ro.rows(idx), first))
+        first = None  # only the first mini-batch's first micro-batch was scored before any update
     tr.prefetch.finish()
     tr.replay.add_correct(ro)
     tr.replay.add_pairs(tr.provider.collect(), source="provider")
@@ -162,34 +163,9 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     return tr.parallel.combine(metrics | tr.provider.metrics() | tr.models.backend.metrics())
 
 
-def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False) -> tuple[Rollout, float]:
-    """Rollout number `index` of `phase` ("policy" step or value-"pretrain" round) and the digest of its prompt
-    list. Every rank draws the same global prompt list (the phase's prompt stream at this index,
-    trainer/streams.py) and samples its own slice of groups, so the global batch does not depend on the world
-    size and a group never spans ranks. A rollout sampled ahead while the last update ran is used if there is
-    one; a rollout sampled by weights older than rollout.max_off_policy_steps allows is sampled again
-    (trainer/offpolicy.py)."""
-    prompts = step_prompts(tr, phase, index)
-    if ask_provider:  # policy steps only (not value pretraining); rank 0: answers arrive in the background
-        tr.provider.submit(prompts)
-    def fresh() -> Rollout:
-        return sample_step(tr, tr.models, phase, index, prompts, policy_version(tr))
-    ro = within_bound(tr, tr.prefetch.take(phase, index) or fresh(), fresh)
-    return attach_old_outputs(tr.models, ro, tr.cfg.micro_batch_size), streams.digest([q.prompt for q in prompts])
-
-
-def minibatches(tr: Trainer, n: int, phase: str, index: int, epochs: int) -> Iterator[torch.Tensor]:
-    """Row indices of this rank's mini-batches (its share of `mini_batch_size`) over `epochs` passes of `n`
-    rows, each pass in a fresh order from the phase's shuffle stream."""
-    size = tr.cfg.mini_batch_size // tr.parallel.size
-    shuffle = streams.generator(tr.info.seed, "shuffle", phase, index, tr.parallel.rank)
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=shuffle) if size < n else torch.arange(n)
-        yield from (perm[s:s + size] for s in range(0, n, size))
-
-
-def policy_update(tr: Trainer, mini: Rollout) -> dict[str, float]:
-    """One optimizer step of actor (and critic) on a mini-batch, with replayed positives joining the NLL."""
+def policy_update(tr: Trainer, mini: Rollout, first: FirstForward | None = None) -> dict[str, float]:
+    """One optimizer step of actor (and critic) on a mini-batch, with replayed positives joining the NLL;
+    `first`: the kept forward pass of its first micro-batch (update_step)."""
     replay = None
     if tr.cfg.decisions.positive_replay:
         n = replay_count(int(mini.correct.sum()), tr.cfg.vapo.replay_ratio, len(tr.replay))
@@ -197,7 +173,7 @@ def policy_update(tr: Trainer, mini: Rollout) -> dict[str, float]:
         replay = from_token_ids(pairs, tr.models.tokenizer.pad_token_id, tr.models.device,
                                 temperature=tr.cfg.model.temperature) if pairs else None
     m = update_step(tr.models, tr.opt_actor, tr.opt_critic, mini, replay, tr.spec, parallel=tr.parallel,
-                    train_critic=tr.uses_critic)
+                    train_critic=tr.uses_critic, first=first)
     tr.sched_actor.step()
     if tr.sched_critic is not None:
         tr.sched_critic.step()

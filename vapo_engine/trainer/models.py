@@ -3,7 +3,7 @@
 Any local Hugging Face causal LM directory works; `model.local_path` unset means the built-in tiny model
 (shipped with the package; built into the cache only for a changed recipe). The value model is
 `AutoModelForTokenClassification(num_labels=1)` initialised from the policy weights (or `model.value_path`),
-so it saves and loads as a plain HF directory. The rollout backend that `[rollout] backend` names
+so it saves and loads as a plain HF directory; [critic] may make it a fraction of the policy (small_critic.py). The rollout backend that `[rollout] backend` names
 (`vapo_engine.rollout.backends`) comes with them (`Models.backend`). This file does not train anything.
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ from vapo_engine.config.train_model import RolloutConfig
 from vapo_engine.errors import UserError
 from vapo_engine.rollout.backends import RolloutBackend, make_backend
 from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer, refuse_remote_code
+
+from .small_critic import CriticShapeError, build_small_value
 
 
 class ModelLoadError(UserError):
@@ -86,10 +88,12 @@ def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:a
 
 def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
                 reference_path: str | Path | None, device: torch.device,
-                autocast_dtype: torch.dtype | None, rollout: RolloutConfig | None = None) -> Models:
+                autocast_dtype: torch.dtype | None, rollout: RolloutConfig | None = None,
+                value_shape: tuple[float, float] | None = None, seed: int = 0) -> Models:
     """Load tokenizer + policy from `path`, the value model from `value_path` (default `path`) when needed,
-    and a frozen reference from `reference_path` when given, all onto `device`; the rollout backend that
-    `rollout` names (default: the in-process "hf")."""
+    scaled to `value_shape` = (width_ratio, depth_ratio) of it when given (fresh weights seeded by `seed`), and
+    a frozen reference from `reference_path` when given, all onto `device`; the rollout backend that `rollout`
+    names (default: the in-process "hf")."""
     backend = make_backend(rollout or RolloutConfig())  # an unknown name fails before any weights load
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -101,7 +105,11 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    value = _load_value(Path(value_path) if value_path else path) if need_value else None
+    value = _load_value(Path(value_path) if value_path else path, value_shape, seed) if need_value else None
+    if value is not None and value.config.vocab_size < len(tok):
+        raise ModelLoadError(f"the value model from {str(value_path or path)!r} knows {value.config.vocab_size} "
+                             f"token ids, the policy's tokenizer has {len(tok)}: the critic reads the policy's "
+                             "token ids, so build it with the policy's tokenizer (critic.model_path)")
     ref = _load_reference(reference_path) if reference_path else None
     for m in (policy, value, ref):
         if m is not None:  # eval mode throughout: no dropout, so old and new log-probs agree exactly
@@ -119,16 +127,21 @@ def _load_reference(path: str | Path) -> PreTrainedModel:
         raise ModelLoadError(f"cannot load the reference model from {str(path)!r}: {e}") from None
 
 
-def _load_value(path: Path) -> PreTrainedModel:
-    """The value model from `path`. A head that the directory does not hold (a policy or base model) starts at
-    zero, so the fresh critic predicts 0 everywhere (explained variance 0, not the −0.2…−0.4 of a random
-    head) and its first gradients come from the targets alone."""
+def _load_value(path: Path, shape: tuple[float, float] | None = None, seed: int = 0) -> PreTrainedModel:
+    """The value model from `path` (scaled to `shape`: small_critic.py). A head that the directory does not
+    hold (a policy or base model) starts at zero, so the fresh critic predicts 0 everywhere (explained variance
+    0, not the −0.2…−0.4 of a random head) and its first gradients come from the targets alone."""
     try:
         refuse_remote_code(path)
-        cfg = AutoConfig.from_pretrained(path, num_labels=1, **NO_REMOTE_CODE)
-        cfg.classifier_dropout = 0.0
-        model, info = AutoModelForTokenClassification.from_pretrained(path, config=cfg, dtype=torch.float32,
-                                                                      output_loading_info=True, **NO_REMOTE_CODE)
+        if shape is not None and shape != (1.0, 1.0):
+            model, info = build_small_value(path, *shape, seed)
+        else:
+            cfg = AutoConfig.from_pretrained(path, num_labels=1, **NO_REMOTE_CODE)
+            cfg.classifier_dropout = 0.0
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=cfg, dtype=torch.float32, output_loading_info=True, **NO_REMOTE_CODE)
+    except CriticShapeError as e:
+        raise ModelLoadError(str(e)) from None
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot build a value model from {str(path)!r} ({e}); set model.value_path to "
                              "a model whose architecture has a token-classification head, or use "

@@ -136,7 +136,8 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     device = pick_device(cfg.training.device, world.local_rank)
     data_dir = Path(cfg.data.data_dir)
     tasks = (get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir))  # not a checkpoint's fault
-    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, parallel), parallel, tasks))
+    make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, parallel, info.seed), parallel,
+                                   tasks))
     tr = None
     if resume and RunDir(run_dir).checkpoint_dirs():
         ckpt, tr = load_newest(run_dir, lambda c, st: _restore(make(c), st, c), log=log)
@@ -173,12 +174,17 @@ def _base_model(cfg: TrainConfig, world: World, log) -> Path:
     return base if world.is_main else resolve_model_path(cfg.model.local_path, log=lambda m: None, task=task)
 
 
-def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, parallel: Parallel) -> Models:
+def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, parallel: Parallel, seed: int = 0
+            ) -> Models:
     """Fresh: the base model (+ adapters). Resume: the checkpoint's full weights, or with LoRA the base model
-    and the checkpoint's adapters (its merged `policy/` is for serving, not for training on)."""
+    and the checkpoint's adapters (its merged `policy/` is for serving, not for training on). The value model:
+    the checkpoint's, or [critic]'s / model.value_path's folder, or the base model scaled by [critic]'s ratios
+    (the same weights again on resume with value adapters: `seed` is the run's)."""
     lora, kl = cfg.lora.enabled, cfg.training.kl_coef > 0
     value_adapted = lora and cfg.lora.value_lora
-    value_src = (ckpt / "value") if ckpt and not value_adapted else (cfg.model.value_path or base)
+    own = cfg.critic.model_path or cfg.model.value_path
+    value_src = (ckpt / "value") if ckpt and not value_adapted else (own or base)
+    shape = (cfg.critic.width_ratio, cfg.critic.depth_ratio) if value_src == base else None
     sharded = parallel.sharded
     if sharded and cfg.distributed.cpu_offload and device.type != "cuda":
         raise ModelLoadError("distributed.cpu_offload = true needs CUDA devices (FSDP2 offloads shards from the "
@@ -187,7 +193,8 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, parallel: P
     models = load_models(ckpt / "policy" if ckpt and not lora else base, value_path=value_src,
                          need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
                          device=torch.device("cpu") if sharded else device,
-                         autocast_dtype=pick_autocast(cfg.model.dtype, device), rollout=cfg.rollout)
+                         autocast_dtype=pick_autocast(cfg.model.dtype, device), rollout=cfg.rollout,
+                         value_shape=shape, seed=seed)
     apply_memory_options(models, cfg)  # before sharding / adapters: checkpointing on the HF decoder layers
     if sharded:  # every rank loaded the same files (a fresh value head is zero): shard, shards go to `device`
         models.device = device

@@ -5,11 +5,14 @@ accumulating micro-batches gives exactly the full-batch gradient (docs/design.md
 rows are split: by count (`micro_batch`), or by a token budget (`micro_batch_tokens`: rows of similar length
 together, each micro-batch cut to its own longest response; every rank runs as many micro-batches as the
 busiest one). Under data parallel the counts are all-reduced before use (`parallel.Parallel`). The
-positive-example NLL covers this batch's correct responses plus replayed ones, over one joint denominator.
-With `gradient_checkpointing` the passes run under `memory.checkpointing` (activations recomputed in the
-backward pass). Tokens sampled by another copy of the policy carry importance weights (`Rollout.is_weights`,
-trainer/offpolicy.py), which scale each token's policy-gradient term; without them the loss is untouched.
-Does not sample or compute advantages.
+positive-example NLL covers this batch's correct responses plus replayed ones, over one joint denominator:
+the replayed rows ride along in the actor's micro-batches (spread evenly, one forward pass with the rows they
+join: `joined_log_probs`), and the policy loss and the NLL are summed before one backward pass. A `FirstForward`
+(trainer/first_forward.py) stands in for the forward pass of the first micro-batch when it was kept from the
+old-output pass. With `gradient_checkpointing` the passes run under `memory.checkpointing` (activations recomputed in the
+backward pass). Tokens sampled by another copy of the policy carry importance weights
+(`Rollout.is_weights`, trainer/offpolicy.py), which scale each token's policy-gradient term; without them the loss
+is untouched. Does not sample or compute advantages.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from vapo_engine.algo import aggregate_loss, get_policy_loss, kl_penalty, positi
 from vapo_engine.algo.mismatch import weighted_advantages
 from vapo_engine.config import TrainConfig
 from vapo_engine.metrics import MAX, combine_rule
-from vapo_engine.rollout.experience import Rollout, response_log_probs, response_values
+from vapo_engine.rollout.experience import Rollout, joined_log_probs, response_log_probs, response_values
 
 from .fsdp import local_norm
 from .lora import adapter_dropout
@@ -64,11 +67,13 @@ class UpdateSpec:
 
 
 def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | None, spec: UpdateSpec, *,
-                parallel: Parallel = ONE_PROCESS, train_actor: bool = True, train_critic: bool = True
-                ) -> dict[str, float]:
+                parallel: Parallel = ONE_PROCESS, train_actor: bool = True, train_critic: bool = True,
+                first=None) -> dict[str, float]:
     """Accumulate over micro-batches, sync gradients across ranks, clip, step. Returns the step's metrics
     (actor/…, critic/…), each this rank's share or mean as its catalogue rule says (combined over ranks later).
-    `parallel` all-reduces the counts, syncs the gradients and keeps the ranks' forward passes in lock-step."""
+    `parallel` all-reduces the counts, syncs the gradients and keeps the ranks' forward passes in lock-step.
+    `first` (a `first_forward.FirstForward`): the kept outputs of the first micro-batch, used when they are of
+    exactly its rows."""
     mask = mini.response_mask
     counts = parallel.sum(torch.stack([mask.sum(), torch.tensor(float(mini.size), device=mask.device),
                                        (mask * mini.correct[:, None]).sum()
@@ -81,14 +86,16 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
         opt_critic.zero_grad(set_to_none=True)
     trained = (models.policy if train_actor else None, models.value if train_critic else None)
     with adapter_dropout(*trained), checkpointing(*trained) if spec.gradient_checkpointing else nullcontext():
-        for mb in micro_batches(mini, spec, parallel.max_int):
+        mbs = list(micro_batches(mini, spec, parallel.max_int))
+        riders = _riders(replay if train_actor and spec.positive_lm_coef > 0 else None, len(mbs))
+        for i, mb in enumerate(mbs):
             weight = float(mb.response_mask.sum() / n_tok)
+            kept = first if i == 0 and first is not None and first.serves(mb) else None
             if train_actor:
-                _add(sums, *_actor_micro(models, mb, spec, n_tok, n_seq, n_pos), weight)
+                _add(sums, *_actor_micro(models, mb, spec, n_tok, n_seq, n_pos, riders[i],
+                                         kept.log_probs if kept else None), weight)
             if train_critic:
-                _add(sums, *_critic_micro(models, mb, spec, n_tok), weight)
-        if train_actor and spec.positive_lm_coef > 0:
-            _replay_nll(models, mini, replay, spec, n_pos, sums, parallel)
+                _add(sums, *_critic_micro(models, mb, spec, n_tok, kept.values if kept else None), weight)
     out = dict(sums)
     if train_actor:
         parallel.sync_gradients(models.policy)
@@ -99,19 +106,25 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
     return out
 
 
-def _replay_nll(models, mini: Rollout, replay: Rollout | None, spec: UpdateSpec, n_pos, sums: dict,
-                parallel: Parallel) -> None:
-    """The positive-example NLL of the replayed responses. When `parallel` keeps the ranks in lock-step and
-    another rank has replay, a rank without runs its first row with weight 0 (no gradient, no metric)."""
-    if not parallel.lock_step(replay is not None):
-        return
-    rows, weight = (replay, 1.0) if replay is not None else (mini.rows(slice(0, 1)), 0.0)
-    with models.autocast():
-        lp, _ = response_log_probs(models.policy, rows)
-        nll = positive_nll_loss(lp, rows.response_mask, rows.correct, global_token_count=n_pos)
-    (weight * spec.positive_lm_coef * nll).backward()
-    if replay is not None:
-        sums["actor/positive_nll"] = sums.get("actor/positive_nll", 0.0) + float(nll.detach())
+def _riders(replay: Rollout | None, k: int) -> list[Rollout | None]:
+    """The replayed rows spread over `k` micro-batches in order (⌈n / k⌉ each, None where none are left), so
+    no micro-batch grows by more than that. Every rank runs one forward per micro-batch with or without
+    riders, which keeps the ranks in lock-step."""
+    if replay is None:
+        return [None] * k
+    per = -(-replay.size // k)
+    return [replay.rows(slice(i * per, (i + 1) * per)).trimmed() if i * per < replay.size else None
+            for i in range(k)]
+
+
+def _policy_log_probs(models, mb: Rollout, rider: Rollout | None, kept: torch.Tensor | None):
+    """Log-probs of the micro-batch's rows and of its riders: from one joined forward pass, or the kept ones
+    (`first_forward`) and a pass of the riders alone."""
+    if kept is not None:
+        return kept, response_log_probs(models.policy, rider)[0] if rider is not None else None
+    if rider is None:
+        return response_log_probs(models.policy, mb)[0], None
+    return joined_log_probs(models.policy, mb, rider)
 
 
 def micro_batches(mini: Rollout, spec: UpdateSpec, max_count: Callable[[int], int] = lambda n: n
@@ -119,22 +132,27 @@ def micro_batches(mini: Rollout, spec: UpdateSpec, max_count: Callable[[int], in
     """The micro-batches of `mini`, made one at a time: `spec.micro_batch` rows each in order, or with
     `spec.micro_batch_tokens` the token-budget split (padded to `max_count(count)` micro-batches: the busiest
     rank's), each trimmed to its own longest response."""
+    for idx in micro_batch_rows(mini, spec, max_count):
+        yield mini.rows(idx) if spec.micro_batch_tokens is None else mini.rows(idx).trimmed()
+
+
+def micro_batch_rows(mini: Rollout, spec: UpdateSpec, max_count: Callable[[int], int] = lambda n: n
+                     ) -> list[slice | torch.Tensor]:
+    """The rows of each of `micro_batches(mini, spec, max_count)` (before any trimming)."""
     if spec.micro_batch_tokens is None:
-        for s in range(0, mini.size, spec.micro_batch):
-            yield mini.rows(slice(s, s + spec.micro_batch))
-        return
+        return [slice(s, s + spec.micro_batch) for s in range(0, mini.size, spec.micro_batch)]
     lengths = mini.lengths
     parts = token_budget_split(lengths, mini.prompt_len, spec.micro_batch_tokens, spec.micro_batch)
-    for idx in split_to_count(parts, max_count(len(parts)), lengths, mini.prompt_len):
-        yield mini.rows(idx).trimmed()
+    return split_to_count(parts, max_count(len(parts)), lengths, mini.prompt_len)
 
 
-def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos
-                 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Backward of the actor's losses on one micro-batch; (loss shares, token means of the micro-batch)."""
+def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos, rider: Rollout | None = None,
+                 kept: torch.Tensor | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Backward of the actor's losses on one micro-batch, with the positive NLL of its replayed `rider` rows
+    in the same backward pass; (loss shares, token means of the micro-batch)."""
     loss_fn = get_policy_loss(spec.policy_loss)
     with models.autocast():
-        lp, _ = response_log_probs(models.policy, mb)
+        lp, rider_lp = _policy_log_probs(models, mb, rider, kept)
         adv = weighted_advantages(mb.advantages, mb.is_weights)  # w·L(A) = L(w·A): the IS-weighted PG loss
         pg, m = loss_fn(lp, mb.old_log_probs, adv, mb.response_mask, clip_low=spec.clip_low,
                         clip_high=spec.clip_high, dual_clip=spec.dual_clip, reduction=spec.reduction,
@@ -143,6 +161,8 @@ def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos
         shares = {"actor/pg_loss": float(pg.detach())}
         if spec.positive_lm_coef > 0:
             nll = positive_nll_loss(lp, mb.response_mask, mb.correct, global_token_count=n_pos)
+            if rider_lp is not None:
+                nll = nll + positive_nll_loss(rider_lp, rider.response_mask, rider.correct, global_token_count=n_pos)
             loss = loss + spec.positive_lm_coef * nll
             shares["actor/positive_nll"] = float(nll.detach())
         if spec.kl_coef > 0 and mb.ref_log_probs is not None:
@@ -155,10 +175,12 @@ def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos
                                                          "approx_kl", "ratio_max")}
 
 
-def _critic_micro(models, mb: Rollout, spec: UpdateSpec, n_tok) -> tuple[dict[str, float], dict[str, float]]:
-    """Backward of the value loss on one micro-batch; (loss share, token means of the micro-batch)."""
+def _critic_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, kept: torch.Tensor | None = None
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+    """Backward of the value loss on one micro-batch (its values `kept` from the old-output pass, or a forward
+    now); (loss share, token means of the micro-batch)."""
     with models.autocast():
-        v = response_values(models.value, mb)
+        v = kept if kept is not None else response_values(models.value, mb)
         vl, m = value_loss(v, mb.values, mb.returns, mb.response_mask, clip_range=spec.value_clip,
                            reduction="token_mean", global_token_count=n_tok)
     vl.backward()
