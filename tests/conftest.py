@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4f6a8c0e2b4d6f8a0c1e"
+
+# One CPU thread per test process and per process a test starts (trainer workers, torchrun ranks, servers, bench
+# smokes inherit it): set before any test module imports torch. The tests' models are tiny and gain nothing from
+# more, while two or more OpenMP threads per process spin against each other and against the other pytest-xdist
+# worker (scripts/test.sh runs two) — on a busy 2-core machine a 2-thread tiny-model fit took 9× as long.
+# A value already in the environment wins; tests of the thread budget itself pass their own environment.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 
 @pytest.fixture(autouse=True)

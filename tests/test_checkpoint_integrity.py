@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -27,14 +28,22 @@ class _Planted:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.fixture
-def trained(tmp_path, model_dir):
-    """A finished 4-step run with complete checkpoints at steps 2 and 4."""
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory, model_dir):
+    """A finished 4-step run with complete checkpoints at steps 2 and 4, trained once for this file."""
     from vapo_engine.trainer.loop import train
-    run_dir = make_run(tmp_path, model_dir, OVER)
+    run_dir = make_run(tmp_path_factory.mktemp("trained"), model_dir, OVER)
     train(run_dir, log=lambda m: None)
     assert [p.name for p in RunDir(run_dir).checkpoint_dirs()] == ["step-0000002", "step-0000004"]
     return run_dir
+
+
+@pytest.fixture
+def trained(tmp_path, trained_once):
+    """A copy of `trained_once` (same layout under tmp_path) for one test to damage."""
+    root = trained_once.parents[2]  # make_run's folder: <root>/runs/<experiment>/<run id>
+    shutil.copytree(root / "runs", tmp_path / "runs")
+    return tmp_path / trained_once.relative_to(root)
 
 
 def _resume(run_dir, total: int = 6) -> subprocess.CompletedProcess:

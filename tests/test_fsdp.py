@@ -4,6 +4,7 @@ resumes sharded, and lock-step generation with ranks that finish at different le
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -63,34 +64,35 @@ def _set_steps(run, steps: int, **distributed) -> None:
     (run / "config.json").write_text(json.dumps(cfg))
 
 
-def _train_record(run, step: int) -> dict:
-    return next(r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train" and r["step"] == step)
+def _train_records(run, step: int) -> list[dict]:
+    return [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train" and r["step"] == step]
 
 
 def test_checkpoints_resume_across_strategies_and_world_sizes_exactly(tmp_path, model_dir):
     """fsdp (2 ranks) → one plain process, and ddp (2 ranks) → fsdp (2 ranks): each resumed step 3 equals step 3
-    of an uninterrupted 2-rank fsdp run (which equals ddp's, see above)."""
+    of an uninterrupted 2-rank fsdp run (which equals ddp's, see above). The fsdp → one-process resume continues
+    that uninterrupted run itself from its step-2 checkpoint (its step-3 checkpoint removed)."""
     value = f'model.value_path="{random_value_dir(tmp_path, model_dir)}"'
     straight = make_run(tmp_path, model_dir, EXACT + FSDP + ["training.total_steps=3", value], "straight")
     _train(straight, 2)
-    split = make_run(tmp_path, model_dir, EXACT + FSDP + ["training.total_steps=2", value], "split")
-    _train(split, 2)
-    ckpt = split / "checkpoints" / "step-0000002"
+    (a,) = _train_records(straight, 3)
+    assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
+    ckpt = straight / "checkpoints" / "step-0000002"
     assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / "policy" / "model.safetensors").is_file()
     from transformers import AutoModelForCausalLM
     cfg = json.loads((ckpt / "policy" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen2ForCausalLM"]  # a plain HF export, not the FSDP wrapper class
     AutoModelForCausalLM.from_pretrained(ckpt / "policy")
-    _set_steps(split, 3, nproc_per_node=1)
-    assert "resumed from step-0000002" in _train(split, 1, resume=True)
+    shutil.rmtree(straight / "checkpoints" / "step-0000003")
+    _set_steps(straight, 3, nproc_per_node=1)
+    assert "resumed from step-0000002" in _train(straight, 1, resume=True)
     ddp = make_run(tmp_path, model_dir, EXACT + ["training.total_steps=2", value], "ddp2")
     _train(ddp, 2)
     _set_steps(ddp, 3, strategy="fsdp")
     assert "resumed from step-0000002" in _train(ddp, 2, resume=True)
-    a = _train_record(straight, 3)
-    assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
-    for resumed in (split, ddp):
-        b = _train_record(resumed, 3)
+    assert len(_train_records(straight, 3)) == 2  # the uninterrupted step 3, then the resumed one
+    for resumed in (straight, ddp):
+        b = _train_records(resumed, 3)[-1]  # the step-3 record the resumed process wrote
         for k in STEP_METRICS:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (resumed.name, k)
 

@@ -91,9 +91,10 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
     assert main(["report", run_id, *cli]) == 0 and "plot:" in capsys.readouterr().out
     assert main(["runs", "stop", "nope", *cli]) == 2 and "unknown run id" in capsys.readouterr().err
 
-    # a longer run: kill its trainer process mid-way → failed with a resume path → resume finishes it
-    long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=20",
-                                                                     "eval.save_interval=2"))
+    # a longer run: kill its trainer process mid-way → failed with a resume path → resume finishes it (12 steps:
+    # 10 still to go when step 2's checkpoint appears; evaluation only at the start and the end)
+    long = start_training(files, preset="cpu-demo", overrides=_over(model_dir, "training.total_steps=12",
+                                                                     "eval.save_interval=2", "eval.eval_interval=1000"))
     rid = long.run.run_id
     run_dir = mgr.get(rid).run_dir
     deadline = time.time() + 180
@@ -108,7 +109,7 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
     assert resumed.resumed_from == rid and resumed.run_id == f"{rid}-r1"
     fin = mgr.wait(resumed.run_id, timeout=300)
     assert fin.state is State.SUCCEEDED, run_status(files, resumed.run_id).log_tail
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 20
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
     with pytest.raises(RunError, match="unknown run id"):
         run_status(files, "nope")
 
