@@ -382,8 +382,8 @@ def rollout_backends(rec: dict) -> str:
     note = (f"Preset {c['preset']}, seed {c['seed']}, {c['updates_per_rollout']} updates per rollout step; per run "
             f"{c['warmup']} unmeasured + {c['steps']} measured rollout steps, {c['repeats']} interleaved rounds (the "
             f"round values in parentheses). s / rollout step is the wall time between two steps' records (for "
-            f"server it includes writing the weights and every replica loading them); torch threads per replica: "
-            f"{threads}. On CPU `server` runs the same Hugging Face model on the same cores as the trainer: this is "
+            f"server it includes writing the weights and every replica loading them); torch threads: trainer "
+            f"{c.get('trainer_threads', '—')}, per replica {threads}. On CPU `server` runs the same Hugging Face model on the same cores as the trainer: this is "
             "the protocol's overhead, not an engine's speed-up (a GPU-engine property: scripts/gpu_check.py "
             "--checks engine). Timings depend on the load average shown; other work shared the cores.")
     return section(lines, rec, note)

@@ -7,8 +7,11 @@ this process with seed 1:
   hf         rollout.backend = "hf" (the default)
   server-1   rollout.backend = "server", one `vapo-mcp serve-model` process of the built-in model
   server-2   the same with two processes; the prompts are spread over them
-Each replica process gets cores // replicas torch threads (two replicas with a thread per core each would fight
-over the cores) and is started, and reaches /health, before its scenario's clock starts; it is stopped after.
+The trainer runs `--threads` torch threads (default: torch's, one per core) and each replica process
+threads // replicas (at least 1; two replicas with a thread per core each would fight over the cores); a replica
+is started, and answers /health, before its scenario's clock starts, and is stopped after. On a loaded machine
+use `--threads 1`: OpenMP threads that wait at barriers for a descheduled sibling make multi-threaded generation
+of a tiny model tens of times slower there.
 The scenarios run in turn, `--repeats` rounds, so slow drift of the machine's load hits them alike. Reported per
 scenario and round: generated tokens/s of the rollout (rollout/tokens_per_s: response tokens over the wall time
 of generation, the HTTP round trips included for `server`), seconds per rollout step (wall time between two
@@ -19,7 +22,8 @@ On CPU `server` is a protocol test double: the replicas run the same Hugging Fac
 trainer, so this measures the protocol's overhead (HTTP, JSON, the weight push), not an engine's speed-up; the
 speed-up of paged attention and continuous batching is a GPU-engine property (scripts/gpu_check.py --checks engine).
 
-    .venv/bin/python -m bench.perf.rollout_backends [--steps 3] [--warmup 1] [--repeats 2] [--smoke] [--out DIR]
+    .venv/bin/python -m bench.perf.rollout_backends [--steps 3] [--warmup 1] [--repeats 2] [--threads N] [--smoke]
+        [--out DIR]
 """
 from __future__ import annotations
 
@@ -44,10 +48,14 @@ SCENARIOS = (("hf", 0), ("server-1", 1), ("server-2", 2))
 UPDATES_PER_ROLLOUT = 4  # cpu-demo: batch 128, mini-batches of 32 (the smoke: 1)
 
 
-def start_replicas(model: Path, root: Path, count: int) -> tuple[list[subprocess.Popen], list[str]]:
-    """`count` serve-model processes of `model` on free loopback ports, each with cores // count threads, that may
-    load weights from under `root`; returns once every one answers /health."""
-    threads = str(max(1, (os.cpu_count() or 1) // count))
+def replica_threads(threads: int, count: int) -> int:
+    return max(1, threads // count)
+
+
+def start_replicas(model: Path, root: Path, count: int, threads: int) -> tuple[list[subprocess.Popen], list[str]]:
+    """`count` serve-model processes of `model` on free loopback ports, each with threads // count torch threads,
+    that may load weights from under `root`; returns once every one answers /health."""
+    threads = str(replica_threads(threads, count))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1")
     procs, urls = [], []
     for _ in range(count):
@@ -88,7 +96,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path) -> dict:
+def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path, threads: int) -> dict:
     """Train one scenario for `rollouts` rollout steps; its per-step numbers (first `warmup` left to the caller)."""
     from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run
@@ -98,7 +106,7 @@ def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path) -
              "eval.save_interval=100000", "eval.num_problems=8", "eval.samples_per_problem=1",
              *(SMOKE_OVERRIDES if smoke else ()), "vapo.value_pretrain_steps=0"]  # after the smoke's 1
     with tempfile.TemporaryDirectory(prefix="vapo-rb-") as tmp:
-        procs, urls = start_replicas(model, Path(tmp), replicas) if replicas else ([], [])
+        procs, urls = start_replicas(model, Path(tmp), replicas, threads) if replicas else ([], [])
         try:
             if urls:
                 listed = ", ".join(f'"{u}"' for u in urls)
@@ -132,9 +140,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="measured rollout steps per run (cpu-demo shapes)")
     ap.add_argument("--warmup", type=int, default=1, help="rollout steps not measured at the start of each run")
     ap.add_argument("--repeats", type=int, default=2, help="rounds over the scenarios (interleaved)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the trainer (default: torch's); "
+                    "each replica gets threads // replicas")
     ap.add_argument("--smoke", action="store_true", help="seconds: tiny batch, one round (tests)")
     ap.add_argument("--out", help="folder for the JSON record and plot (default bench/results)")
     args = ap.parse_args()
+    import torch
+    if args.threads:
+        torch.set_num_threads(max(1, args.threads))
+    threads = torch.get_num_threads()
     from vapo_engine.builtin_model import builtin_model_dir
     model = Path(builtin_model_dir(log=lambda m: print(m, flush=True)))
     steps, warmup = (1, 1) if args.smoke else (max(1, args.steps), max(1, args.warmup))
@@ -144,7 +158,7 @@ def main() -> None:
     for i in range(repeats):
         rounds.append({})
         for name, count in SCENARIOS:
-            got = rounds[-1][name] = one_run(name, count, warmup + steps, args.smoke, model)
+            got = rounds[-1][name] = one_run(name, count, warmup + steps, args.smoke, model, threads)
             print(f"round {i + 1} {name:9} {mean(got['tokens_per_s'][warmup:]):8.0f} tok/s  "
                   f"{mean(got['s_per_step'][warmup - 1:]):6.2f} s/step  load {got['load_avg_start']} -> "
                   f"{got['load_avg_end']}", flush=True)
@@ -165,8 +179,8 @@ def main() -> None:
         r["tokens_per_s_vs_hf"] = round(r["tokens_per_s"] / hf["tokens_per_s"], 2)
     config = {"preset": PRESET, "steps": steps, "warmup": warmup, "repeats": repeats, "smoke": args.smoke,
               "seed": 1, "updates_per_rollout": 1 if args.smoke else UPDATES_PER_ROLLOUT,
-              "replica_threads": {r["scenario"]: max(1, (os.cpu_count() or 1) // r["replicas"])
-                                  for r in rows if r["replicas"]}}
+              "trainer_threads": threads,
+              "replica_threads": {r["scenario"]: replica_threads(threads, r["replicas"]) for r in rows if r["replicas"]}}
     path = write_record("rollout_backends", {"config": config, "rows": rows, "wall_s_total":
                                              round(time.perf_counter() - t0, 1), "load_avg_start": load0,
                                              "load_avg_end": load_avg()}, Path(args.out) if args.out else None)
