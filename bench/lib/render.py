@@ -385,5 +385,5 @@ def rollout_backends(rec: dict) -> str:
             f"server it includes writing the weights and every replica loading them); torch threads: trainer "
             f"{c.get('trainer_threads', '—')}, per replica {threads}. On CPU `server` runs the same Hugging Face model on the same cores as the trainer: this is "
             "the protocol's overhead, not an engine's speed-up (a GPU-engine property: scripts/gpu_check.py "
-            "--checks engine). Timings depend on the load average shown; other work shared the cores.")
+            "--checks engine). Timings depend on other work on the cores: the load average of each run is shown.")
     return section(lines, rec, note)
