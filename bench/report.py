@@ -46,6 +46,8 @@ SECTIONS = (  # (record, title, renderer, what it answers)
      "Seconds per optimizer step of TRL's GRPO, ours and our VAPO on the same shapes (one run per side)."),
     ("throughput", "Throughput of one VAPO step", render.throughput,
      "Where a cpu-demo VAPO rollout step spends its time, and the FLOP rate of its updates."),
+    ("rollout_backends", "Rollouts in the trainer vs on serve-model replicas", render.rollout_backends,
+     "What sampling through the rollout protocol (loopback replicas, weights pushed every step) costs on this CPU."),
     ("memory", "Memory per rank: DDP, FSDP2 and LoRA", render.memory,
      "Bytes per rank of weights, gradients and optimizer states, measured on CPU and extrapolated."),
     ("provider_samples", "Provider samples as extra positives", render.provider_samples,

@@ -20,6 +20,10 @@ poisoned CUDA context becomes one failed row and the other checks still run; thi
           shape differ from one process.
   model   with --model PATH: the short run on that local HF model (built-in addition task, 2 rollout steps of 32
           responses, ≤ 64 new tokens, micro-batches of 4): that it runs, step time, tokens/s, peak memory
+  engine  where vLLM (or SGLang) is installed: its server on the tiny model (or --model-dir DIR when it cannot
+          load that), 5 steps with rollout.backend = "vllm" vs 5 with "hf": log-prob agreement (max |Δ|), the
+          weight versions, step time and tokens/s side by side (scripts/gpu_engine_check.py); a skip row without
+          the engine or on the CPU
 
     python -m scripts.gpu_check                     # on a GPU box; exit 0 = no check failed
     python -m scripts.gpu_check --model /models/Qwen2.5-0.5B-Instruct --json gpu_check.json
@@ -51,10 +55,11 @@ import torch
 
 from bench.lib import records
 from bench.lib.runs import PRESET, load_bench_config, settings_with_seed
+from scripts import gpu_engine_check
 
 STEP = "scripts.gpu_step"  # the child's module, run from the repository root
 SKIPPED = "no CUDA device: GPU self-check skipped (run with --device cpu to exercise the checks on CPU/gloo)"
-CHECKS = ("env", "run", "bf16", "parity", "model")
+CHECKS = ("env", "run", "bf16", "parity", "model", "engine")
 QUICK = ("env", "parity")
 RUN_STEPS, QUICK_STEPS, MODEL_STEPS = 8, 2, 4  # policy steps (cpu-demo: 4 per rollout step; quick: 1; model: 2)
 RUN = (f"training.total_steps={RUN_STEPS}", "vapo.value_pretrain_steps=1", "eval.num_problems=16",
@@ -111,6 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the checks train")
     p.add_argument("--model", default=None, help="a local Hugging Face model directory for the `model` check")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default=None,
+                   help="the inference engine of the engine check (default: vLLM if installed, else SGLang)")
+    p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder for the engine check "
+                   "when the engine cannot load the built-in tiny model")
     p.add_argument("--tiny-model", default=None, help="model directory of the tiny checks (default: built-in)")
     p.add_argument("--checks", default=None, help=f"comma list of {','.join(CHECKS)} (default: all that apply)")
     p.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}, tiny shapes (seconds; tests)")
@@ -393,7 +402,8 @@ def guarded(ctx: Ctx, check: str, fn) -> list[Row]:
 
 FUNCS = {"env": ("environment", check_env), "run": ("short run, tiny model", check_run),
          "bf16": ("bf16 autocast", check_bf16), "parity": ("2-proc parity", check_parity),
-         "model": ("short run, --model", check_model)}
+         "model": ("short run, --model", check_model),
+         "engine": ("rollout engine", lambda ctx: gpu_engine_check.check_engine(ctx, sys.modules[__name__]))}
 
 
 # ---- output ---------------------------------------------------------------------------------------------------

@@ -37,8 +37,9 @@ class Served:
 
 
 @contextmanager
-def serving(target: Path, *, token: str | None = None, host: str = "127.0.0.1", **options):
-    """Serve `target` (a model or run directory) until the block ends."""
+def serving(target: Path, *, token: str | None = None, host: str = "127.0.0.1", wrap=None, **options):
+    """Serve `target` (a model or run directory) until the block ends. `wrap(app)`: an ASGI app put in front of
+    the server's own (a test's planted fault)."""
     import uvicorn
 
     from vapo_engine.serving.options import ServeOptions
@@ -46,7 +47,7 @@ def serving(target: Path, *, token: str | None = None, host: str = "127.0.0.1", 
     prepared = prepare(ServeOptions(target=Path(target), host=host, **options), token)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(prepared.app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(wrap(prepared.app) if wrap else prepared.app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 60

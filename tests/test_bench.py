@@ -30,7 +30,8 @@ SMOKES = {  # record name: (module, its arguments besides --smoke --out)
     "concurrency": ("bench.perf.concurrency", []),
     "critic": ("bench.experiments.critic", ["--preset", "cpu-demo"]),
     "provider_samples": ("bench.experiments.provider_samples", []),
-    "memory": ("bench.perf.memory", [])}
+    "memory": ("bench.perf.memory", []),
+    "rollout_backends": ("bench.perf.rollout_backends", [])}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,7 @@ def test_report_renders_tables_from_the_records(out: Path, tmp_path: Path):
     text = report.render_results(tmp_path)
     assert text.count("|---|") >= 4 and "float32" in text and "grpo" in text
     assert "area under the sampled curve" in text and "rejection-sampling" in text
+    assert "| server-2 | 2 |" in text and "not an engine's speed-up" in text
 
 
 def test_paired_smoke_shares_one_critic_and_counts_its_rollouts(out: Path):
@@ -99,3 +101,15 @@ def test_memory_counts_shards_and_frozen_weights(out: Path):
         assert bpp["lora"][model]["frozen_per_frozen_param"] == pytest.approx(4)
         assert bpp["lora"][model]["state_per_trained_param"] == pytest.approx(16, rel=1e-2)
     assert {r["model"] for r in rec["extrapolation"]} == {"Qwen2.5-7B", "Qwen2.5-32B"}
+
+
+def test_rollout_backends_times_hf_and_one_and_two_replicas(out: Path):
+    """bench.perf.rollout_backends: each scenario trained for real (tokens generated, steps timed), the server ones
+    through serve-model processes, with the load average around every run."""
+    rec = smoke(out, "rollout_backends")
+    rows = {r["scenario"]: r for r in rec["rows"]}
+    assert [(n, r["replicas"]) for n, r in rows.items()] == [("hf", 0), ("server-1", 1), ("server-2", 2)]
+    for r in rows.values():
+        assert r["tokens_per_s"] > 0 and r["s_per_step"] > 0 and r["response_length"] > 0
+        assert len(r["load_avg_rounds"]) == 1 and all(len(x) == 3 for x in r["load_avg_rounds"][0])
+    assert rows["hf"]["s_per_step_vs_hf"] == 1.0 and rec["config"]["replica_threads"]["server-2"] >= 1

@@ -80,3 +80,26 @@ def test_last_error_names_the_ranks_error_not_torchruns_summary():
             "============================================================\n")
     assert g.last_error(text) == "vapo_engine.trainer.models.ModelLoadError: cannot load model from '/m'"
     assert g.last_error("just a line\n") == "just a line"
+
+
+def test_engine_check_is_one_skip_row_on_the_cpu():
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--checks", "engine"], env=_env(), cwd=ROOT,
+                       timeout=120, check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and not ln.startswith("| check")]
+    assert rows == [("| rollout engine | n/a on CPU: vLLM and SGLang serve on CUDA (run scripts/gpu_check.py on a "
+                     "GPU machine) |  | skip |")]
+
+
+def test_engine_check_without_the_engine_says_how_to_install_it():
+    from scripts.gpu_engine_check import installed_engine, launch_command, skip_reason
+    assert "vLLM or SGLang is not installed" in skip_reason(True, None) and "pip install vllm" in skip_reason(True, None)
+    assert skip_reason(True, None, "sglang").startswith("skipped: sglang is not installed")
+    assert skip_reason(True, "vllm") is None and skip_reason(False, "vllm").startswith("n/a on CPU")
+    assert installed_engine("json") == "json" and installed_engine("no_such_engine_here") is None
+    # the server is launched as docs/rollout-servers.md says: dev-mode routes, the protocol's log-prob semantics
+    cmd, env = launch_command("vllm", ROOT / "m", 8001)
+    assert env == {"VLLM_SERVER_DEV_MODE": "1"} and " ".join(cmd).count("--logprobs-mode processed_logprobs") == 1
+    assert "--served-model-name policy" in " ".join(cmd)
+    docs = (ROOT / "docs" / "rollout-servers.md").read_text()
+    assert "VLLM_SERVER_DEV_MODE=1" in docs and "--logprobs-mode processed_logprobs" in docs

@@ -365,3 +365,25 @@ def memory(rec: dict) -> str:
                      f"{x['fsdp_transient_up_to']} | {x['ddp_persistent']} | {x['ddp_transient_flat_grads']} | "
                      f"{x['autocast_bf16_weight_copies_up_to']} | {x['lora_frozen_fp32']} | {x['lora_if_bf16_base']} |")
     return section(lines, rec, rec["bf16_note"])
+
+
+def rollout_backends(rec: dict) -> str:
+    """hf vs serve-model replicas: mean over interleaved rounds (each round's value listed), the load around each."""
+    c = rec["config"]
+    lines = [("| backend | replicas | generated tokens/s | s / rollout step | vs hf (s/step) | rollout phase (s) | "
+              "update phase (s) | load average per round (start → end) |"), "|---|---|---|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        loads = "; ".join(f"{a[0]:.1f} → {b[0]:.1f}" for a, b in r["load_avg_rounds"])
+        lines.append(f"| {r['scenario']} | {r['replicas'] or 'in the trainer'} | {r['tokens_per_s']:.0f} "
+                     f"({', '.join(f'{x:.0f}' for x in r['tokens_per_s_rounds'])}) | {r['s_per_step']:.2f} "
+                     f"({', '.join(f'{x:.2f}' for x in r['s_per_step_rounds'])}) | {r['s_per_step_vs_hf']:.2f}× | "
+                     f"{r['rollout_time_s']:.2f} | {r['update_time_s']:.2f} | {loads} |")
+    threads = ", ".join(f"{k}: {v}" for k, v in c["replica_threads"].items())
+    note = (f"Preset {c['preset']}, seed {c['seed']}, {c['updates_per_rollout']} updates per rollout step; per run "
+            f"{c['warmup']} unmeasured + {c['steps']} measured rollout steps, {c['repeats']} interleaved rounds (the "
+            f"round values in parentheses). s / rollout step is the wall time between two steps' records (for "
+            f"server it includes writing the weights and every replica loading them); torch threads: trainer "
+            f"{c.get('trainer_threads', '—')}, per replica {threads}. On CPU `server` runs the same Hugging Face model on the same cores as the trainer: this is "
+            "the protocol's overhead, not an engine's speed-up (a GPU-engine property: scripts/gpu_check.py "
+            "--checks engine). Timings depend on other work on the cores: the load average of each run is shown.")
+    return section(lines, rec, note)
