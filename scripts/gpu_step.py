@@ -106,27 +106,27 @@ def bf16_mode(run_dir: str, out: Path) -> None:
     """One rollout step with the run's autocast dtype; while its old log-probs are attached, the same rows'
     log-probs are also computed without autocast (fp32 weights) and the two are compared on response tokens."""
     from vapo_engine.rollout.experience import response_log_probs
-    from vapo_engine.trainer import loop
+    from vapo_engine.trainer import batches, loop
     from vapo_engine.trainer.setup import build_trainer
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
-    original, diffs = loop.attach_old_outputs, []
+    original, diffs = batches.old_outputs, []
 
-    def attach(models, ro, micro):
-        ro = original(models, ro, micro)
+    def attach(models, ro, micro, *args, **kw):
+        ro, first = original(models, ro, micro, *args, **kw)
         with torch.no_grad():
             fp32 = torch.cat([response_log_probs(models.policy, ro.rows(slice(s, s + micro)))[0]
                               for s in range(0, ro.size, micro)])
         d = (ro.old_log_probs.float() - fp32).abs()[ro.response_mask > 0]
         diffs.append((float(d.mean()), float(d.max()), int(d.numel())))
-        return ro
+        return ro, first
 
-    loop.attach_old_outputs = attach
+    batches.old_outputs = attach
     try:
         t0 = time.perf_counter()
         metrics = _floats(loop.rollout_step(tr))
         step_s = time.perf_counter() - t0
     finally:
-        loop.attach_old_outputs = original
+        batches.old_outputs = original
     n = sum(t for _, _, t in diffs)
     _write_json(out, {"autocast": str(tr.models.autocast_dtype), "device": str(tr.models.device),
                       "step_s": round(step_s, 3), "metrics": metrics,

@@ -86,12 +86,13 @@ def matmul_params(model, value: bool) -> int:
 
 
 class Counter:
-    """Wraps the loop's update_step / attach_old_outputs to count processed token positions."""
+    """Wraps the loop's update_step and the old-output pass (trainer/batches.py `old_outputs`) to count processed
+    token positions."""
 
-    def __init__(self, loop):
-        self.loop, self.update_pos, self.replay_pos, self.old_pos, self.seq = loop, 0, 0, 0, []
-        self._upd, self._old = loop.update_step, loop.attach_old_outputs
-        loop.update_step, loop.attach_old_outputs = self._update, self._attach
+    def __init__(self, loop, batches):
+        self.loop, self.batches, self.update_pos, self.replay_pos, self.old_pos, self.seq = loop, batches, 0, 0, 0, []
+        self._upd, self._old = loop.update_step, batches.old_outputs
+        loop.update_step, batches.old_outputs = self._update, self._attach
 
     def _update(self, models, oa, oc, mini, replay, spec, **kw):
         self.update_pos += mini.input_ids.numel()
@@ -99,29 +100,29 @@ class Counter:
         self.seq.append(mini.input_ids.shape[1])
         return self._upd(models, oa, oc, mini, replay, spec, **kw)
 
-    def _attach(self, models, ro, micro):
+    def _attach(self, models, ro, *args, **kw):
         self.old_pos += ro.input_ids.numel()
-        return self._old(models, ro, micro)
+        return self._old(models, ro, *args, **kw)
 
     def reset(self):
         self.update_pos = self.replay_pos = self.old_pos = 0
         self.seq = []
 
     def close(self):
-        self.loop.update_step, self.loop.attach_old_outputs = self._upd, self._old
+        self.loop.update_step, self.batches.old_outputs = self._upd, self._old
 
 
 def measure_steps(dtype: str, warmup: int, steps: int, extra: tuple[str, ...]) -> dict:
     """Warm up, then time `steps` full VAPO rollout steps; token counts from the Counter."""
     from vapo_engine.runs import create_run
-    from vapo_engine.trainer import loop
+    from vapo_engine.trainer import batches, loop
     from vapo_engine.trainer.setup import build_trainer
     config, overrides = load_bench_config("vapo", (f"model.dtype={dtype}", "training.total_steps=100000",
                                                            *extra))
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
         info = create_run(config, settings_with_seed(1), Path(tmp), run_id=f"throughput-{dtype}")
         tr = build_trainer(info.run_dir, write=False, log=lambda s: None)
-    counter = Counter(loop)
+    counter = Counter(loop, batches)
     try:
         for _ in range(warmup):
             loop.rollout_step(tr)
