@@ -57,7 +57,8 @@ class ChatRequest:
         return self.temperature == 0
 
 
-def _number(data: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+def number_field(data: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    """`data[name]` as a float in [lo, hi] (lo excluded with `lo_open`); `default` when absent or null; else a 400."""
     value = data.get(name)
     if value is None:
         return default
@@ -69,7 +70,8 @@ def _number(data: dict, name: str, default: float, lo: float, hi: float, lo_open
     return float(value)
 
 
-def _integer(data: dict, name: str, lo: int, hi: int) -> int | None:
+def integer_field(data: dict, name: str, lo: int, hi: int) -> int | None:
+    """`data[name]` as an int in lo..hi; None when absent or null; else a 400."""
     value = data.get(name)
     if value is None:
         return None
@@ -128,9 +130,9 @@ def parse_chat_request(data: Any, *, served: str, max_n: int, max_tokens_cap: in
     if model != served:
         raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves `{served}` "
                             "(GET /v1/models)", param="model", code="model_not_found")
-    max_tokens = _integer(data, "max_completion_tokens", 1, max_tokens_cap)
-    max_tokens = max_tokens if max_tokens is not None else _integer(data, "max_tokens", 1, max_tokens_cap)
-    n = _integer(data, "n", 1, max_n)
+    max_tokens = integer_field(data, "max_completion_tokens", 1, max_tokens_cap)
+    max_tokens = max_tokens if max_tokens is not None else integer_field(data, "max_tokens", 1, max_tokens_cap)
+    n = integer_field(data, "n", 1, max_n)
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
@@ -138,8 +140,8 @@ def parse_chat_request(data: Any, *, served: str, max_n: int, max_tokens_cap: in
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise bad_request("stream_options must be an object like {\"include_usage\": true}", "stream_options")
     return ChatRequest(model=model, messages=_messages(data), max_tokens=max_tokens,
-                       temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
-                       top_p=_number(data, "top_p", 1.0, 0.0, 1.0, lo_open=True), n=n or 1, stop=_stop(data),
+                       temperature=number_field(data, "temperature", 1.0, 0.0, 2.0),
+                       top_p=number_field(data, "top_p", 1.0, 0.0, 1.0, lo_open=True), n=n or 1, stop=_stop(data),
                        stream=stream, include_usage=bool(options.get("include_usage", False)))
 
 

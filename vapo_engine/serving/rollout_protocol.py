@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import ApiError, bad_request
+from .protocol import ApiError, bad_request, integer_field, number_field
 
 PROTOCOL_VERSION = 1
 LOG_PROB_SEMANTICS = "log_softmax(logits / temperature) over the full vocabulary"
@@ -76,30 +76,17 @@ def _object(data: Any) -> dict:
 
 
 def _int(data: dict, name: str, lo: int, hi: int, *, required: bool = True) -> int | None:
-    value = data.get(name)
-    if value is None:
-        if required:
-            raise bad_request(f"{name} is required (an integer in {lo}..{hi}); the rollout protocol takes every "
-                              "sampling setting explicitly", name)
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{name} must be an integer, got {type(value).__name__}", name)
-    if not lo <= value <= hi:
-        raise bad_request(f"{name} = {value} is out of range: allowed {lo}..{hi}", name)
-    return value
+    if required and data.get(name) is None:
+        raise bad_request(f"{name} is required (an integer in {lo}..{hi}); the rollout protocol takes every "
+                          "sampling setting explicitly", name)
+    return integer_field(data, name, lo, hi)
 
 
 def _float(data: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    value = data.get(name)
-    if value is None:
+    if data.get(name) is None:
         raise bad_request(f"{name} is required: the rollout protocol takes temperature, top_p and top_k "
                           "explicitly in every request (no server default applies)", name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"{name} must be a number, got {type(value).__name__}", name)
-    if value > hi or value < lo or (lo_open and value == lo):
-        side = f"greater than {lo:g}" if lo_open else f"at least {lo:g}"
-        raise bad_request(f"{name} = {value} is out of range: it must be {side} and at most {hi:g}", name)
-    return float(value)
+    return number_field(data, name, lo, lo, hi, lo_open)
 
 
 def _ids(data: dict, name: str, vocab: int, most: int, *, non_empty: bool = True) -> tuple[int, ...]:
