@@ -99,6 +99,9 @@ def render_headline(results: Path) -> str:
     crit = _load(results, "critic")
     if crit is not None:
         lines += ["", render.critic_summary(crit)]
+    trl = _load(results, "trl_side_by_side")
+    if trl is not None:
+        lines += ["", render.trl_summary(trl)]
     lines += ["", (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
                    f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
     return "\n".join(lines)

@@ -1,9 +1,12 @@
 """Shared fixtures: paths of the shipped files and a helper to run the CLI in-process."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,33 @@ CANARY_KEY = "sk-canary-7f3a9c1e5b2d4f6a8c0e2b4d6f8a0c1e"
 # A value already in the environment wins; tests of the thread budget itself pass their own environment.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "two_processes: the test keeps both cores busy (two ranks, or two runs at "
+                                       "once); under pytest-xdist no two such tests run at the same time")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Under pytest-xdist (scripts/test.sh), a `two_processes` test waits for the others of its kind: two of them
+    at once put four busy processes on the two cores of a CI machine (and gloo's timing-sensitive teardown with
+    them). Its setup and teardown are not held; in one process nothing is."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if item.get_closest_marker("two_processes") is None or not run_id:
+        return (yield)
+    with _exclusive(Path(tempfile.gettempdir()) / f"vapo-tests-{run_id}.two_processes.lock"):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

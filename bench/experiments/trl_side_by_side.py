@@ -172,6 +172,7 @@ def run_trl(args, task: str, model_dir: Path, steps: int, every: int) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from vapo_engine.algo.schedule import warmup_constant
+    from vapo_engine.rollout.backends.hf import HfBackend
     from vapo_engine.tasks import get_task
     from vapo_engine.trainer import streams
 
@@ -189,7 +190,7 @@ def run_trl(args, task: str, model_dir: Path, steps: int, every: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(t.warmup_steps))
-    models = SimpleNamespace(policy=model, tokenizer=tokenizer, device=torch.device("cpu"))
+    models = SimpleNamespace(policy=model, tokenizer=tokenizer, device=torch.device("cpu"), backend=HfBackend())
     events, step_times = [], []
 
     class HeldOut(TrainerCallback):

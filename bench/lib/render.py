@@ -290,9 +290,33 @@ def trl_side_by_side(rec: dict) -> str:
     v = c["versions"]
     note = (f"{c['task']}, preset {c['preset']}, {c['steps']} optimizer steps of {c['mini_batch_size']} responses "
             f"({c['opt_steps_per_rollout']} per rollout of {c['batch_size']}), eval every ~{c['eval_interval']} steps "
-            f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, one run per side; TRL {v['trl']}, "
+            f"on {c['heldout_problems']} held-out problems, seed {c['seed']}, {_rounds(c.get('repeats', 1))}; TRL {v['trl']}, "
             f"accelerate {v['accelerate']}; — = not reached.")
+    if c.get("small_critic"):
+        note += f" vapo_small_critic: our VAPO with {', '.join(c['small_critic'])} (a smaller critic, same policy)."
     return section(lines, rec, note)
+
+
+def trl_summary(rec: dict) -> str:
+    """The README's step-cost lines: seconds per optimizer step of each side and its ratio to TRL's GRPO."""
+    c = rec["config"]
+    def ratio(side: str) -> str:
+        r = rec["ratio_vs_trl_grpo"][side]
+        rounds = r.get("s_per_opt_step_rounds") or []
+        each = f"; rounds {', '.join(f'{x:.2f}' for x in rounds)}" if len(rounds) > 1 and side != "trl_grpo" else ""
+        return f"{r['s_per_opt_step']:.2f}×{each}"
+    sides = ", ".join(f"{side} {s['s_per_opt_step']:.3f} s ({ratio(side)})" for side, s in rec["summary"].items())
+    small = f"; vapo_small_critic = {', '.join(c['small_critic'])}" if c.get("small_critic") else ""
+    return (f"**Step cost next to TRL** (`bench/results/trl_side_by_side.json`, {c['task']}, {c['preset']} shapes, "
+            f"{c.get('repeats', 1)} interleaved round(s), load {rec['load_avg_start'][0]} → {rec['load_avg_end'][0]}"
+            f"{small}): seconds per optimizer step and the ratio to TRL's GRPOTrainer: {sides}.")
+
+
+def _rounds(n: int) -> str:
+    if n <= 1:
+        return "one run per side"
+    return (f"{n} interleaved rounds (every side once per round): s / optimizer step is the median over the rounds "
+            "and the ratio the median of the per-round ratios; accuracies and times to target are the first round's")
 
 
 def provider_samples(rec: dict) -> str:

@@ -68,7 +68,7 @@ def _step_times(run_dir: Path) -> list[float]:
 
 
 def scenario(name: str, steps: int, smoke: bool) -> dict:
-    n = 1 if name == "alone" else 2
+    n = 2 if name.startswith("two-") else 1  # the alone-* rows are one run (they compare wait policies)
     with tempfile.TemporaryDirectory(prefix="vapo-conc-") as tmp:
         runs = _make_runs(Path(tmp), n, steps, smoke)
         env, t0, load0 = _env(name, smoke), time.perf_counter(), load_avg()
