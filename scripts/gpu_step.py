@@ -19,7 +19,6 @@ Checks nothing itself: gpu_check compares and judges.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -155,8 +154,7 @@ if __name__ == "__main__":
     mode, run, dest, *rest = sys.argv[1:]
     MODES[mode](run, Path(dest), *rest)  # only `step` takes more (RUN_DIR OUT pairs)
     # Every output is written and closed: end without interpreter finalization, during which a process group
-    # that fsdp's DTensor caches keep alive past destroy_process_group would be torn down and a gloo worker that
-    # still releases a collective's tensors aborts the rank (tests/dist_step.py, `leave`).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # that fsdp's DTensor caches keep alive past destroy_process_group would be torn down, and a gloo worker that
+    # still releases a collective's tensors aborts the rank (vapo_engine.trainer.distributed.end_rank)
+    from vapo_engine.trainer.distributed import end_rank
+    end_rank(0)

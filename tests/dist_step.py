@@ -12,12 +12,11 @@ keep the device mesh, hence the group, alive), so it would be torn down during i
 gloo worker thread still releasing a collective's tensors needs the GIL, is ended by the finalizing interpreter,
 and the rank aborts ("terminate called without an active exception", SIGABRT: seen once beside another test
 under pytest-xdist; reproduced with queued collectives at exit). The ranks meet at a barrier, leave the group and
-end without finalizing (their outputs are written and closed by then).
+end without finalizing (`vapo_engine.trainer.distributed.end_rank`, as the trainer's ranks do).
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -38,12 +37,11 @@ def step(run_dir) -> tuple[object, dict]:
 
 def leave(world, message: str = "") -> None:
     """Meet the other ranks, leave the process group, print `message`, and end this process now (see above)."""
-    from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.distributed import end_rank, shutdown
     world.barrier()
     shutdown(world)
     print(message, end="\n" if message else "", flush=True)
-    sys.stderr.flush()
-    os._exit(0)
+    end_rank(0)
 
 
 def main(argv: list[str]) -> None:
