@@ -17,7 +17,9 @@ poisoned CUDA context becomes one failed row and the other checks still run; thi
           the comparison proves nothing): the gathered policy and value gradients and the step metrics agree;
           peak memory per rank. nccl on CUDA (2 devices needed: one per rank), gloo on CPU. Tolerance rtol 1e-4
           on CPU (as the tests), 1e-3 on CUDA: nccl's reduction order and the cuBLAS kernels picked per batch
-          shape differ from one process.
+          shape differ from one process. With --quick both 2-process steps share one launch (ddp, then fsdp, each
+          with its own output: a crash in fsdp still leaves the ddp row); on the CPU the fsdp row's peak RSS is
+          then that of the process so far (it includes the ddp step's)
   model   with --model PATH: the short run on that local HF model (built-in addition task, 2 rollout steps of 32
           responses, ≤ 64 new tokens, micro-batches of 4): that it runs, step time, tokens/s, peak memory
   engine  where vLLM (or SGLang) is installed: its server on the tiny model (or --model-dir DIR when it cannot
@@ -149,11 +151,13 @@ def make_run(ctx: Ctx, name: str, overrides: tuple[str, ...]) -> Path:
                       preset=PRESET).run_dir
 
 
-def child(ctx: Ctx, name: str, mode: str, arg: str, procs: int = 1, out: Path | None = None) -> Path:
-    """Run one scripts/gpu_step.py job (under torchrun with 2 processes when asked); its output goes to the log.
-    Returns the output path; raises CheckFailed with the child's last error line when it fails."""
+def child(ctx: Ctx, name: str, mode: str, arg: str, procs: int = 1, out: Path | None = None,
+          more: tuple[str, ...] = ()) -> Path:
+    """Run one scripts/gpu_step.py job (under torchrun with 2 processes when asked; `more`: further arguments,
+    e.g. RUN_DIR OUT pairs of `step`); its output goes to the log. Returns the output path; raises CheckFailed
+    with the child's last error line when it fails."""
     out = out or ctx.work / f"{name}.{'pt' if mode == 'step' else 'json'}"
-    cmd = [sys.executable, "-m", STEP, mode, arg, str(out)]
+    cmd = [sys.executable, "-m", STEP, mode, arg, str(out), *more]
     if procs > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
     t0, out_file = time.perf_counter(), ctx.work / f"{name}.out"
@@ -316,14 +320,39 @@ def check_bf16(ctx: Ctx) -> list[Row]:
     return [Row("bf16 autocast", "step ran, losses finite, log-probs close to fp32", nums, data=res)]
 
 
-def parity_step(ctx: Ctx, name: str, extra: tuple[str, ...], procs: int) -> dict:
+STRATEGY = {"one": (), "ddp": (), "fsdp": ('distributed.strategy="fsdp"',)}
+
+
+def parity_run(ctx: Ctx, name: str) -> Path:
     if "value" not in ctx.cache:  # a random value head: gradients even if every reward is equal (_gpu_step.py)
         ctx.cache["value"] = child(ctx, "value-head", "value", ctx.args.tiny_model or "-", out=ctx.work / "value")
     value = f"model.value_path={json.dumps(str(ctx.cache['value']))}"
-    run = make_run(ctx, f"parity-{name}", ctx.base + PARITY + (value, *extra))
-    out = child(ctx, f"parity-{name}", "step", str(run), procs)
+    return make_run(ctx, f"parity-{name}", ctx.base + PARITY + (value, *STRATEGY[name]))
+
+
+def parity_step(ctx: Ctx, name: str, procs: int) -> dict:
+    """The step `name` (one, ddp, fsdp): from the shared launch when --quick made one, else its own launch."""
+    out, error = ctx.cache.get("shared", {}).get(name, (None, None))
+    if out is None:
+        out = child(ctx, f"parity-{name}", "step", str(parity_run(ctx, name)), procs)
+    elif not out.exists():
+        raise error or CheckFailed(f"parity-{name}: the shared launch wrote no step")
     ranks = [read_json(p) for p in sorted(out.parent.glob(f"{out.name}.rank*.json"))]
     return {**torch.load(out, weights_only=True), "ranks": ranks}
+
+
+def shared_launch(ctx: Ctx) -> None:
+    """--quick: the ddp and the fsdp step in one 2-process launch (one torchrun less), ddp first; each step
+    writes its own output, so a failure leaves the steps done before it (their rows are judged as usual)."""
+    runs = {s: parity_run(ctx, s) for s in ("ddp", "fsdp")}
+    outs = {s: ctx.work / f"parity-{s}.pt" for s in runs}
+    error = None
+    try:
+        child(ctx, "parity-ddp+fsdp", "step", str(runs["ddp"]), 2, out=outs["ddp"],
+              more=(str(runs["fsdp"]), str(outs["fsdp"])))
+    except CheckFailed as e:
+        error = e
+    ctx.cache["shared"] = {s: (outs[s], error) for s in runs}
 
 
 def compare(a: dict, ref: dict, cuda: bool) -> tuple[list[str], dict]:
@@ -355,8 +384,7 @@ def compare(a: dict, ref: dict, cuda: bool) -> tuple[list[str], dict]:
 
 def parity_row(ctx: Ctx, strategy: str, refs: dict[str, dict]) -> Row:
     check = f"2-proc parity, {strategy}"
-    extra = ('distributed.strategy="fsdp"',) if strategy == "fsdp" else ()
-    got = ctx.cache[strategy] = parity_step(ctx, strategy, extra, 2)
+    got = ctx.cache[strategy] = parity_step(ctx, strategy, 2)
     problems, data = [], {"tolerance_rtol": 1e-3 if ctx.cuda else 1e-4, "ranks": got["ranks"]}
     for ref_name, ref in refs.items():
         p, data[f"vs_{ref_name}"] = compare(got, ref, ctx.cuda)
@@ -380,9 +408,11 @@ def check_parity(ctx: Ctx) -> list[Row]:
     if ctx.cuda and not ctx.info.get("nccl_available"):
         raise CheckFailed("torch.distributed.is_nccl_available() is False in this torch build")
     try:
-        one = parity_step(ctx, "one", (), 1)
+        one = parity_step(ctx, "one", 1)
     except Exception as e:
         raise CheckFailed(f"one-process reference failed: {e}") from e
+    if ctx.args.quick:
+        shared_launch(ctx)
     rows = [guarded(ctx, "2-proc parity, ddp", lambda: [parity_row(ctx, "ddp", {"one": one})])[0]]
     refs = {"one": one, **({"ddp": ctx.cache["ddp"]} if "ddp" in ctx.cache else {})}
     return rows + guarded(ctx, "2-proc parity, fsdp", lambda: [parity_row(ctx, "fsdp", refs)])

@@ -5,12 +5,15 @@ it reports is that job's own.
     python -m scripts.gpu_step env   -       OUT.json   # versions, devices, bf16 support, nccl, a bf16 matmul
     python -m scripts.gpu_step value MODEL   OUT_DIR    # MODEL's value model with a random head ("-": built-in)
     python -m scripts.gpu_step train RUN_DIR OUT.json   # the run's `vapo-mcp train` (engine's train(), in-process)
-    python -m scripts.gpu_step step  RUN_DIR OUT.pt     # one rollout step, rank 0's metrics and synced gradients
+    python -m scripts.gpu_step step  RUN_DIR OUT.pt [RUN_DIR2 OUT2.pt ...]   # one rollout step (of each run in
+                                            # turn), rank 0's metrics and synced gradients
     python -m scripts.gpu_step bf16  RUN_DIR OUT.json   # one rollout step + old log-probs under autocast vs fp32
 
 `step` is tests/dist_step.py (plain process or under torchrun, ddp or fsdp as the run's config says) plus, per
-rank, `OUT.rank<r>.json` with that rank's peak memory; the gradients are saved on the CPU. Every mode writes its
-peak memory: `torch.cuda.max_memory_allocated` when the job used CUDA, else the process's peak RSS (ru_maxrss).
+rank, `OUT.rank<r>.json` with that rank's peak memory; the gradients are saved on the CPU. Several runs share one
+launch (`gpu_check --quick`), each with its own outputs, written as soon as its step is done; the CUDA peak is
+reset between them, while the peak RSS is the process's so far. Every mode writes its peak memory:
+`torch.cuda.max_memory_allocated` when the job used CUDA, else the process's peak RSS (ru_maxrss).
 Checks nothing itself: gpu_check compares and judges.
 """
 from __future__ import annotations
@@ -45,10 +48,10 @@ def env_mode(_: str, out: Path) -> None:
     """Versions and devices, probed here rather than in gpu_check, so that its own process never holds a CUDA
     context (a GPU in exclusive-process mode would refuse every later child)."""
     import platform
+    from importlib.metadata import version
 
     import torch.distributed as dist
-    import transformers
-    info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+    info = {"torch": torch.__version__, "transformers": version("transformers"), "python": platform.python_version(),
             "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
             "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0, "devices": [],
             "bf16_supported": None, "nccl_available": dist.is_nccl_available(), "nccl_version": None,
@@ -83,8 +86,19 @@ def train_mode(run_dir: str, out: Path) -> None:
     _write_json(out, {"summary": summary, "wall_s": round(time.perf_counter() - t0, 2), "memory": peak_memory()})
 
 
-def step_mode(run_dir: str, out: Path) -> None:
+def step_mode(run_dir: str, out: Path, *more: str) -> None:
+    """One rollout step of `run_dir`, then of each further RUN_DIR OUT pair in `more`, in these processes."""
     from vapo_engine.trainer.distributed import shutdown
+    world = None
+    for run, dest in [(run_dir, out), *zip(more[0::2], map(Path, more[1::2]))]:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+        world = _step(run, dest)  # the trainer is dropped here: its process group can go at shutdown
+    world.barrier()
+    shutdown(world)  # the process then ends without finalizing (see the end of this file)
+
+
+def _step(run_dir: str, out: Path):
     from vapo_engine.trainer.fsdp import full_grads
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
@@ -98,8 +112,7 @@ def step_mode(run_dir: str, out: Path) -> None:
         torch.save({"metrics": _floats(metrics), "grads": grads, "vgrads": vgrads}, out)
     _write_json(Path(f"{out}.rank{tr.world.rank}.json"), {"rank": tr.world.rank, "world": tr.world.world_size,
                                                           "step_s": round(step_s, 3), "memory": peak_memory()})
-    tr.world.barrier()
-    shutdown(tr.world)
+    return tr.world
 
 
 def bf16_mode(run_dir: str, out: Path) -> None:
@@ -138,5 +151,10 @@ def bf16_mode(run_dir: str, out: Path) -> None:
 MODES = {"env": env_mode, "value": value_mode, "train": train_mode, "step": step_mode, "bf16": bf16_mode}
 
 if __name__ == "__main__":
-    mode, run, dest = sys.argv[1:4]
-    MODES[mode](run, Path(dest))
+    mode, run, dest, *rest = sys.argv[1:]
+    MODES[mode](run, Path(dest), *rest)  # only `step` takes more (RUN_DIR OUT pairs)
+    # Every output is written and closed: end without interpreter finalization, during which a process group
+    # that fsdp's DTensor caches keep alive past destroy_process_group would be torn down, and a gloo worker that
+    # still releases a collective's tensors aborts the rank (vapo_engine.trainer.distributed.end_rank)
+    from vapo_engine.trainer.distributed import end_rank
+    end_rank(0)

@@ -10,10 +10,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from bench.lib.runs import ParityReward
 
 
-def main(run_dir: str, out: str) -> None:
+def main(run_dir: str, out: str):
+    """The step; returns this process's World (tests/test_lora.py calls it in its own process too)."""
     import torch
 
-    from vapo_engine.trainer.distributed import shutdown
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
@@ -23,9 +23,9 @@ def main(run_dir: str, out: str) -> None:
     if tr.world.is_main:
         torch.save({"metrics": metrics, "grads": grads(tr.models.policy), "vgrads": grads(tr.models.value)},
                    out)
-    tr.world.barrier()
-    shutdown(tr.world)
+    return tr.world
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    from tests.dist_step import leave
+    leave(main(sys.argv[1], sys.argv[2]))  # barrier, destroy, exit without finalizing (tests/dist_step.py)

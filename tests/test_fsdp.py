@@ -1,6 +1,6 @@
-"""FSDP2 on CPU (gloo, 2 processes): the sharded step equals the DDP and the one-process step, sharded
-checkpoints resume on one process (exactly: the resumed step equals the uninterrupted run's), a ddp checkpoint
-resumes sharded, and lock-step generation with ranks that finish at different lengths does not hang."""
+"""FSDP2 on CPU (gloo, 2 processes): the sharded step equals the DDP and the one-process step, a ddp checkpoint
+resumes sharded and a sharded one on one process (exactly: each resumed step equals the uninterrupted run's), and
+lock-step generation with ranks that finish at different lengths does not hang."""
 from __future__ import annotations
 
 import json
@@ -27,19 +27,25 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
     return r.stdout
 
 
-def _step(tmp_path, model_dir, extra, name, procs) -> dict:
-    value = random_value_dir(tmp_path, model_dir)  # non-zero values: every gradient below is non-zero
-    run = make_run(tmp_path, model_dir, EXACT + extra + [f'model.value_path="{value}"'], name)
-    out = tmp_path / f"{name}.pt"
-    script = [str(ROOT / "tests/dist_step.py"), str(run), str(out)]
-    _run(_torchrun(*script) if procs == 2 else [sys.executable, *script])
-    return torch.load(out)
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory, model_dir) -> dict:
+    """One rollout step of the same run as one process (this one) and as ddp and fsdp on 2 ranks, with a value
+    model whose non-zero head makes every gradient non-zero. Both 2-rank steps run in one torchrun (tests/
+    dist_step.py steps them in turn), whose ranks then also run the lock-step generation check (rank<N>.json in
+    the "lock" folder): one launch for three tests' worth of 2-process work."""
+    from tests.dist_step import step
+    folder = tmp_path_factory.mktemp("fsdp-steps")
+    value = f'model.value_path="{random_value_dir(folder, model_dir)}"'
+    runs = {name: make_run(folder, model_dir, EXACT + extra + [value], name)
+            for name, extra in (("one", []), ("ddp", []), ("fsdp", FSDP))}
+    (lock := folder / "lock").mkdir()
+    _run(_torchrun(str(ROOT / "tests/dist_step.py"), str(runs["ddp"]), str(folder / "ddp.pt"), str(runs["fsdp"]),
+                   str(folder / "fsdp.pt"), "--lock-step", str(model_dir), str(lock)))
+    return {"one": step(runs["one"])[1], "lock": lock, **{s: torch.load(folder / f"{s}.pt") for s in ("ddp", "fsdp")}}
 
 
-def test_fsdp_step_equals_ddp_and_one_process(tmp_path, model_dir):
-    one = _step(tmp_path, model_dir, [], "one", 1)
-    ddp = _step(tmp_path, model_dir, [], "ddp", 2)
-    fsdp = _step(tmp_path, model_dir, FSDP, "fsdp", 2)
+def test_fsdp_step_equals_ddp_and_one_process(steps):
+    one, ddp, fsdp = steps["one"], steps["ddp"], steps["fsdp"]
     for r in (one, ddp, fsdp):
         assert r["grads"].abs().max() > 1e-4 and r["vgrads"].abs().max() > 1e-4
     for a, b in ((fsdp, one), (fsdp, ddp), (ddp, one)):  # ddp vs one: the data-parallel step of test_distributed
@@ -69,37 +75,36 @@ def _train_records(run, step: int) -> list[dict]:
 
 
 def test_checkpoints_resume_across_strategies_and_world_sizes_exactly(tmp_path, model_dir):
-    """fsdp (2 ranks) → one plain process, and ddp (2 ranks) → fsdp (2 ranks): each resumed step 3 equals step 3
-    of an uninterrupted 2-rank fsdp run (which equals ddp's, see above). The fsdp → one-process resume continues
-    that uninterrupted run itself from its step-2 checkpoint (its step-3 checkpoint removed)."""
+    """ddp (2 ranks) → fsdp (2 ranks) → one plain process, in one run directory: an uninterrupted 4-step ddp run,
+    its step-2 checkpoint resumed sharded for step 3 (which writes a sharded step-3 checkpoint), that one resumed
+    on one process for step 4. Each resumed step equals the uninterrupted run's (a ddp step equals the fsdp and
+    the one-process step, see above); the uninterrupted records stay first, the resumed ones follow."""
     value = f'model.value_path="{random_value_dir(tmp_path, model_dir)}"'
-    straight = make_run(tmp_path, model_dir, EXACT + FSDP + ["training.total_steps=3", value], "straight")
-    _train(straight, 2)
-    (a,) = _train_records(straight, 3)
-    assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
-    ckpt = straight / "checkpoints" / "step-0000002"
+    run = make_run(tmp_path, model_dir, EXACT + ["training.total_steps=4", value], "chain")  # saves at 2 and 4
+    _train(run, 2)
+    for step in (3, 4):
+        (a,) = _train_records(run, step)
+        assert a["actor/grad_norm"] > 1e-4 and a["critic/grad_norm"] > 1e-4  # a real update, not zeros
+    shutil.rmtree(run / "checkpoints" / "step-0000004")
+    _set_steps(run, 3, strategy="fsdp")
+    assert "resumed from step-0000002" in _train(run, 2, resume=True)
+    ckpt = run / "checkpoints" / "step-0000003"  # the end of the sharded run
     assert (ckpt / "sharded" / ".metadata").is_file() and (ckpt / "policy" / "model.safetensors").is_file()
     from transformers import AutoModelForCausalLM
     cfg = json.loads((ckpt / "policy" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen2ForCausalLM"]  # a plain HF export, not the FSDP wrapper class
     AutoModelForCausalLM.from_pretrained(ckpt / "policy")
-    shutil.rmtree(straight / "checkpoints" / "step-0000003")
-    _set_steps(straight, 3, nproc_per_node=1)
-    assert "resumed from step-0000002" in _train(straight, 1, resume=True)
-    ddp = make_run(tmp_path, model_dir, EXACT + ["training.total_steps=2", value], "ddp2")
-    _train(ddp, 2)
-    _set_steps(ddp, 3, strategy="fsdp")
-    assert "resumed from step-0000002" in _train(ddp, 2, resume=True)
-    assert len(_train_records(straight, 3)) == 2  # the uninterrupted step 3, then the resumed one
-    for resumed in (straight, ddp):
-        b = _train_records(resumed, 3)[-1]  # the step-3 record the resumed process wrote
+    _set_steps(run, 4, nproc_per_node=1)
+    assert "resumed from step-0000003" in _train(run, 1, resume=True)
+    for step in (3, 4):
+        recs = _train_records(run, step)
+        assert len(recs) == 2  # the uninterrupted step, then the resumed one
         for k in STEP_METRICS:
-            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (resumed.name, k)
+            assert recs[0][k] == pytest.approx(recs[1][k], rel=1e-4, abs=1e-6), (step, k)
 
 
-def test_lock_step_generation_with_ranks_ending_at_different_lengths(tmp_path, model_dir):
-    _run(_torchrun(str(ROOT / "tests/fsdp_lockstep.py"), str(model_dir), str(tmp_path)), timeout=120)
-    ranks = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+def test_lock_step_generation_with_ranks_ending_at_different_lengths(steps):
+    ranks = {r: json.loads((steps["lock"] / f"rank{r}.json").read_text()) for r in (0, 1)}
     assert ranks[0]["lock_step"] and ranks[1]["lock_step"]
     assert ranks[0]["lengths"] == [1, 1]  # rank 0 finished after its first token …
     assert max(ranks[1]["lengths"]) > 1   # … while rank 1 kept decoding; neither hung

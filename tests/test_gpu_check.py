@@ -1,6 +1,6 @@
 """scripts/gpu_check.py: skips cleanly without CUDA, and its quick CPU mode (environment row + the 2-process gloo
-parity of ddp and fsdp against one process, on the tiny random model) passes and prints one table and a JSON
-record; its judging helpers on hand-made inputs (no processes)."""
+parity of ddp and fsdp against one process, on the tiny random model; both 2-process steps in one launch) passes
+and prints one table and a JSON record; its judging helpers on hand-made inputs (no processes)."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,11 @@ def test_quick_cpu_run_passes_and_prints_the_table(tmp_path, model_dir):
     ddp = record["rows"][1]["data"]
     assert ddp["vs_one"]["grads"]["max_abs"] > 0  # a real comparison, not zeros against zeros
     assert len(ddp["ranks"]) == 2 and all(rk["memory"]["peak_mib"] > 0 for rk in ddp["ranks"])
-    assert (tmp_path / "gpu_check.log").read_text().count("=====") >= 5  # env, value head, one, ddp, fsdp
+    fsdp = record["rows"][2]["data"]
+    assert fsdp["vs_one"]["grads"]["max_abs"] > 0 and fsdp["vs_ddp"]["grads"]["max_abs"] > 0
+    assert len(fsdp["ranks"]) == 2 and all(rk["memory"]["peak_mib"] > 0 for rk in fsdp["ranks"])
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert log.count("=====") >= 4 and "===== parity-ddp+fsdp" in log  # env, value head, one, ddp+fsdp
 
 
 def _step(grads, vgrads=None, **metrics) -> dict:

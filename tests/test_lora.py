@@ -15,10 +15,11 @@ import torch
 from tests.conftest import ROOT
 from tests.engine_helpers import make_run
 from tests.lora_dist_step import ParityReward
+from tests.lora_dist_step import main as one_process_step
 from tests.mcp_helpers import text
 from vapo_engine.config import ConfigError, load_config
-from vapo_engine.trainer import streams
 from vapo_engine.metrics import read_metrics
+from vapo_engine.trainer import streams
 
 pytest.importorskip("peft")
 
@@ -196,8 +197,7 @@ def test_two_processes_equal_one_process_step_with_lora(tmp_path, model_dir):
     one, two = make_run(tmp_path, model_dir, over, "one"), make_run(tmp_path, model_dir, over, "two")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     step = str(ROOT / "tests/lora_dist_step.py")
-    subprocess.run([sys.executable, step, str(one), str(tmp_path / "one.pt")], check=True, env=env, cwd=ROOT,
-                   timeout=300, capture_output=True)
+    one_process_step(str(one), str(tmp_path / "one.pt"))  # the reference, in this process: one launch less
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         step, str(two), str(tmp_path / "two.pt")], check=False, env=env, cwd=ROOT,
                        timeout=300, capture_output=True, text=True)

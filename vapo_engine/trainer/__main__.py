@@ -47,4 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank: its work is written and closed, end it now
+        from .distributed import end_rank
+        end_rank(code)
+    sys.exit(code)

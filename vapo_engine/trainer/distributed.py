@@ -13,9 +13,11 @@ as JSON bytes in a uint8 tensor (`broadcast_json`); name lists are compared by d
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -135,3 +137,15 @@ def init_world(backend: str = "auto", device_pref: str = "auto") -> World:
 def shutdown(world: World) -> None:
     if world.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def end_rank(code: int) -> None:
+    """End this rank of a multi-process run now: the atexit handlers run (metric sinks, logging), interpreter
+    finalization does not. Under fsdp the process group outlives `destroy_process_group` (DTensor's caches keep
+    its device mesh), so finalization would tear it down, and a gloo worker thread still releasing a collective's
+    tensors there needs the GIL, is ended by the finalizing interpreter, and the rank aborts ("terminate called
+    without an active exception", SIGABRT)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
