@@ -28,15 +28,25 @@ def pytest_configure(config):
                                        "once); under pytest-xdist no two such tests run at the same time")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    """Under pytest-xdist (scripts/test.sh), a `two_processes` test waits for the others of its kind: two of them
-    at once put four busy processes on the two cores of a CI machine (and gloo's timing-sensitive teardown with
-    them). Its setup and teardown are not held; in one process nothing is."""
+def _two_processes_lock(item):
+    """Under pytest-xdist (scripts/test.sh), a `two_processes` test's setup (where a module fixture may launch the
+    ranks) and call wait for the others of its kind: two of them at once put four busy processes on the two cores
+    of a CI machine. In one process nothing is held."""
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if item.get_closest_marker("two_processes") is None or not run_id:
+        return contextlib.nullcontext()
+    return _exclusive(Path(tempfile.gettempdir()) / f"vapo-tests-{run_id}.two_processes.lock")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _two_processes_lock(item):
         return (yield)
-    with _exclusive(Path(tempfile.gettempdir()) / f"vapo-tests-{run_id}.two_processes.lock"):
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _two_processes_lock(item):
         return (yield)
 
 

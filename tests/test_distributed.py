@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, write_workspace
 from tests.engine_helpers import make_run
 from vapo_engine.metrics import read_metrics
@@ -25,6 +27,7 @@ def _torchrun(*args) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
 
 
+@pytest.mark.two_processes
 def test_cli_launches_two_processes_metrics_once_and_resume_on_one(tmp_path, model_dir):
     write_workspace(tmp_path)
     cli = [sys.executable, "-m", "server.cli", "train", "--config", str(ROOT / "config.toml"), "--settings",

@@ -16,6 +16,8 @@ from tests.engine_helpers import make_run, random_value_dir
 from tests.test_distributed import EXACT, _env, _torchrun
 from vapo_engine.metrics import read_metrics
 
+pytestmark = pytest.mark.two_processes  # every test here but one starts two ranks
+
 FSDP = ['distributed.strategy="fsdp"']
 STEP_METRICS = ("actor/pg_loss", "critic/value_loss", "rollout/reward_mean", "rollout/response_length",
                 "vapo/advantage_std", "actor/grad_norm", "critic/grad_norm", "actor/entropy", "actor/pg_clipfrac")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
@@ -32,6 +33,7 @@ def test_without_cuda_it_skips_and_exits_zero():
                                 "checks on CPU/gloo)")
 
 
+@pytest.mark.two_processes
 def test_quick_cpu_run_passes_and_prints_the_table(tmp_path, model_dir):
     out = tmp_path / "gpu_check.json"
     r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--quick", "--tiny-model", str(model_dir),

@@ -191,6 +191,7 @@ def test_serve_model_serves_the_merged_checkpoint(trained):
     assert r.json()["choices"][0]["message"]["content"] == own
 
 
+@pytest.mark.two_processes
 def test_two_processes_equal_one_process_step_with_lora(tmp_path, model_dir):
     from tests.test_distributed import EXACT
     over = [*EXACT, "lora.enabled=true", "lora.r=4", "training.kl_coef=0.05"]

@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.engine_helpers import make_run
 
@@ -86,6 +88,7 @@ def _addr(hexaddr: str) -> str:
     return ip.ipv4_mapped.compressed if getattr(ip, "ipv4_mapped", None) else ip.compressed
 
 
+@pytest.mark.two_processes
 def test_two_rank_run_unpickles_nothing_and_listens_on_loopback_only(tmp_path, model_dir):
     run_dir = make_run(tmp_path, model_dir, ["training.total_steps=4", "distributed.nproc_per_node=2",
                                              "eval.eval_interval=2", "eval.save_interval=100"])
