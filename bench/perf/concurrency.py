@@ -57,7 +57,7 @@ def _make_runs(tmp: Path, n: int, steps: int, smoke: bool) -> list[Path]:
     from vapo_engine.runs import create_run
     extra = [f"training.total_steps={steps}", "eval.eval_interval=100000", "eval.save_interval=100000",
              "vapo.value_pretrain_steps=1", "eval.num_problems=16", "eval.samples_per_problem=1",
-             *(SMOKE_OVERRIDES if smoke else ())]
+             *((*SMOKE_OVERRIDES, "eval.num_problems=2") if smoke else ())]  # smoke: evaluations are not timed
     config, overrides = load_bench_config("vapo", extra)
     return [create_run(config, settings_with_seed(i + 1), tmp, run_id=f"r{i}", overrides=overrides,
                        preset=PRESET).run_dir for i in range(n)]

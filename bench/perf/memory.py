@@ -121,10 +121,11 @@ def worker(jobs: list[list[str]]) -> None:
     except ImportError:
         pass
     from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.loop import rollout_step  # noqa: F401  (in the baseline too)
+    from vapo_engine.trainer.setup import build_trainer  # noqa: F401
     base = _status()["VmRSS"]
     for i, (run_dir, out_dir) in enumerate(jobs):
         world = _measure(run_dir, out_dir, base, later=i > 0)
-    world.barrier()
     shutdown(world)
 
 
@@ -135,10 +136,10 @@ def _measure(run_dir: str, out_dir: str, base: int, later: bool):
 
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
-    gc.collect()
     rss = {"after_imports": base}
-    if later:
-        _reset_peak()  # (where it cannot be reset, this setup's peak includes the earlier strategies')
+    if later:  # the earlier strategy's trainer is gone; where the peak cannot be reset, it includes that one's
+        gc.collect()
+        _reset_peak()
     t0 = time.perf_counter()
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
     tr.task = ParityReward(tr.task)  # non-zero gradients for an untrained model
