@@ -25,7 +25,7 @@ ABLATION = "bench.experiments.ablation"
 SMOKES = {  # record name: (module, its arguments besides --smoke --out)
     "throughput": ("bench.perf.throughput", ["--dtypes", "float32"]),
     "sample_efficiency": (ABLATION, ["--sample-efficiency", "--variants", "vapo,grpo"]),
-    "ablation": (ABLATION, ["--variants", "vapo,no_positive_lm", "--jobs", "2"]),
+    "ablation": (ABLATION, ["--variants", "vapo,no_positive_lm"]),  # in-process; the paired smoke runs --jobs
     "ablation_paired": (ABLATION, ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft", "--jobs", "2"]),
     "concurrency": ("bench.perf.concurrency", []),
     "critic": ("bench.experiments.critic", ["--preset", "cpu-demo"]),

@@ -104,8 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def plan(args) -> tuple[int, list[int], int, tuple[str, ...]]:
-    if args.smoke:
-        return 2, parse_seeds(args.seeds or "1"), 1, (*SMOKE_OVERRIDES, *args.overrides)
+    if args.smoke:  # 2 steps, evaluated at the start and the end
+        return 2, parse_seeds(args.seeds or "1"), 2, (*SMOKE_OVERRIDES, *args.overrides)
     steps = args.steps or (200 if args.reduced or args.sample_efficiency else 600)
     seeds = parse_seeds(args.seeds or ("1" if args.reduced else "1,2,3"))
     return steps, seeds, args.eval_interval or max(1, steps // 8), tuple(args.overrides)

@@ -125,9 +125,9 @@ def summarize(rows: list[dict]) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     smoke = args.smoke
-    steps_a, steps = (2, 2) if smoke else (args.steps_a, args.steps)
+    steps_a, steps = (1, 2) if smoke else (args.steps_a, args.steps)  # smoke: A only needs a checkpoint to serve
     seeds = [1] if smoke else parse_seeds(args.seeds)
-    every = 1 if smoke else args.eval_interval
+    every = 2 if smoke else args.eval_interval  # smoke: B evaluated at the start and the end
     extra = SMOKE_OVERRIDES if smoke else ()
     t0, load0 = time.time(), records.load_avg()
     meta = {"preset": PRESET, "steps_a": steps_a, "steps_b": steps, "seeds": seeds, "eval_interval": every,

@@ -5,7 +5,8 @@ weights and optimizer states dwarf the activations of a tiny batch: 4 responses 
 directory per strategy (config.toml + cpu-demo + the bench's overrides), and for each strategy two rollout
 steps (sample → values → GAE → one AdamW step of policy and critic each; no value pretraining; the first step
 allocates the AdamW states, the second is the steady state) under
-`python -m torch.distributed.run --standalone --nproc_per_node=2`. The reward is the parity of the lengths
+`python -m torch.distributed.run --standalone --nproc_per_node=2`, a launch per strategy (--smoke: one launch
+runs them in turn). The reward is the parity of the lengths
 (`ParityReward`), so the untrained model gets non-zero gradients. Strategies:
   ddp   full fine-tuning, replicated models, gradients SUM-all-reduced (distributed.strategy = "ddp")
   fsdp  full fine-tuning, FSDP2 `fully_shard` per block (distributed.strategy = "fsdp")
@@ -69,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated: ddp,fsdp,lora")
     p.add_argument("--smoke", action="store_true", help="tiny model (seconds per strategy) to check the script")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
-    p.add_argument("--worker", nargs=2, metavar=("RUN_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", nargs=2, action="append", metavar=("RUN_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -110,7 +111,9 @@ def count_tensors(model, opt) -> dict:
             "optimizer_bytes": sum(_nbytes(v) for v in states)}
 
 
-def worker(run_dir: str, out_dir: str) -> None:
+def worker(jobs: list[list[str]]) -> None:
+    """One rank: each (run dir, out dir) of `jobs` in turn, in one process group. The benchmark gives each
+    strategy a launch of its own (every rank's RSS starts clean); --smoke gives all of them to one launch."""
     import torch  # noqa: F401  (the baseline includes torch, transformers, peft and the trainer)
     import transformers  # noqa: F401
     try:
@@ -118,9 +121,25 @@ def worker(run_dir: str, out_dir: str) -> None:
     except ImportError:
         pass
     from vapo_engine.trainer.distributed import shutdown
+    from vapo_engine.trainer.loop import rollout_step  # noqa: F401  (in the baseline too)
+    from vapo_engine.trainer.setup import build_trainer  # noqa: F401
+    base = _status()["VmRSS"]
+    for i, (run_dir, out_dir) in enumerate(jobs):
+        world = _measure(run_dir, out_dir, base, later=i > 0)
+    shutdown(world)
+
+
+def _measure(run_dir: str, out_dir: str, base: int, later: bool):
+    """Build the trainer of `run_dir`, take two rollout steps, write this rank's record to `out_dir`; returns the
+    world. `later`: an earlier strategy ran in this process (the peak is reset before the setup too)."""
+    import gc
+
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
-    rss = {"after_imports": _status()["VmRSS"]}
+    rss = {"after_imports": base}
+    if later:  # the earlier strategy's trainer is gone; where the peak cannot be reset, it includes that one's
+        gc.collect()
+        _reset_peak()
     t0 = time.perf_counter()
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
     tr.task = ParityReward(tr.task)  # non-zero gradients for an untrained model
@@ -143,7 +162,7 @@ def worker(run_dir: str, out_dir: str) -> None:
                                                           "rollout/response_length")}}
     Path(out_dir, f"rank{tr.world.rank}.json").write_text(json.dumps(rec, indent=2))
     tr.world.barrier()
-    shutdown(tr.world)
+    return tr.world
 
 
 # --- the parent: runs, launches, summary, extrapolation -------------------------------------------------------
@@ -159,19 +178,21 @@ def make_runs(tmp: Path, model_dir: Path, strategies: list[str], seed: int = 1) 
     return runs
 
 
-def launch(run_dir: Path, out_dir: Path) -> dict:
-    """One strategy under torchrun (2 gloo processes); the per-rank records, or the error's tail."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def launch(jobs: list[tuple[Path, Path]]) -> list[dict]:
+    """Strategies under one torchrun (2 gloo processes), each (run dir, out dir) of `jobs` in turn; per job its
+    per-rank records, or the error's tail (the launch's wall time is every job's)."""
+    for _, out_dir in jobs:
+        out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-           "-m", "bench.perf.memory", "--worker", str(run_dir), str(out_dir)]
+           "-m", "bench.perf.memory", *[x for run, out in jobs for x in ("--worker", str(run), str(out))]]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, check=False, env=env, cwd=records.REPO, capture_output=True, text=True, timeout=900)
     wall = round(time.perf_counter() - t0, 1)
     if r.returncode != 0:
-        return {"ok": False, "wall_s": wall, "error": (r.stderr[-6000:] + r.stdout[-2000:]).strip()}
-    ranks = [json.loads((out_dir / f"rank{i}.json").read_text()) for i in range(WORLD)]
-    return {"ok": True, "wall_s": wall, "ranks": ranks}
+        return [{"ok": False, "wall_s": wall, "error": (r.stderr[-6000:] + r.stdout[-2000:]).strip()}] * len(jobs)
+    return [{"ok": True, "wall_s": wall, "ranks": [json.loads((out / f"rank{i}.json").read_text())
+                                                   for i in range(WORLD)]} for _, out in jobs]
 
 
 def rank_row(strategy: str, r: dict) -> dict:
@@ -322,10 +343,16 @@ def plot(path: Path, rows: list[dict]) -> None:
     plots.save(fig, path)
 
 
+def launches(strategies: list[str], smoke: bool) -> list[list[str]]:
+    """The strategies of each torchrun launch: one launch each (clean RSS per strategy); --smoke: one for all
+    (the tensor counts are exact either way; a smoke's RSS numbers are not measurements)."""
+    return [strategies] if smoke else [[s] for s in strategies]
+
+
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.worker:
-        return worker(*args.worker)
+        return worker(args.worker)
     from vapo_engine.builtin_model import make_model_dir
     t0, load0 = time.time(), records.load_avg()
     hidden, layers, heads = (64, 2, 2) if args.smoke else (args.hidden, args.layers, args.heads)
@@ -335,13 +362,14 @@ def main(argv=None) -> dict | None:
         model_dir = make_model_dir(Path(tmp) / "model", hidden=hidden, layers=layers, heads=heads, seed=0)
         runs = make_runs(Path(tmp), model_dir, strategies)
         lora_r = json.loads((runs[strategies[0]] / "config.json").read_text())["lora"]["r"]
-        for s in strategies:
-            print(f"{s}: two rollout steps on {WORLD} processes …", flush=True)
-            results[s] = launch(runs[s], Path(tmp) / "out" / s)
-            if not results[s]["ok"]:
-                print(f"{s} FAILED:\n{results[s]['error']}", file=sys.stderr)
-                continue
-            rows += [rank_row(s, r) for r in results[s]["ranks"]]
+        for group in launches(strategies, args.smoke):
+            print(f"{', '.join(group)}: two rollout steps on {WORLD} processes …", flush=True)
+            for s, res in zip(group, launch([(runs[s], Path(tmp) / "out" / s) for s in group])):
+                results[s] = res
+                if not res["ok"]:
+                    print(f"{s} FAILED:\n{res['error']}", file=sys.stderr)
+                    continue
+                rows += [rank_row(s, r) for r in res["ranks"]]
     measured = {s: per_param(r["ranks"]) for s, r in results.items() if r["ok"]}
     targets = target_counts(lora_r)
     record = {"config": {"smoke": args.smoke, "preset": PRESET, "world_size": WORLD, "backend": "gloo",
@@ -349,7 +377,8 @@ def main(argv=None) -> dict | None:
                                    **({f"{m}_params": v[m]["params"] for v in list(measured.values())[:1]
                                        for m in ("policy", "value")})},
                          "overrides": list(RUN_OVERRIDES), "strategies": {s: STRATEGIES[s] for s in strategies},
-                         "lora_r": lora_r, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1 (set by the bench)")},
+                         "lora_r": lora_r, "launches": launches(strategies, args.smoke),
+                         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1 (set by the bench)")},
               "extrapolation_method": __doc__.split("Extrapolation (stated in the record): ")[1].split("\n\n")[0],
               "wall_s_total": round(time.time() - t0, 1), "load_avg_start": load0, "load_avg_end": records.load_avg(),
               "rows": rows, "bytes_per_param": measured, "targets": targets,

@@ -96,8 +96,11 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path, threads: int) -> dict:
-    """Train one scenario for `rollouts` rollout steps; its per-step numbers (first `warmup` left to the caller)."""
+def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path, threads: int,
+            shared: tuple[Path, list[str]] | None = None) -> dict:
+    """Train one scenario for `rollouts` rollout steps; its per-step numbers (first `warmup` left to the caller).
+    `shared`: (weight root, urls) of replicas already running, of which the scenario uses the first `replicas`
+    (the trainer pushes its weights to them first); otherwise it starts its own and stops them after."""
     from vapo_engine.rundir import RunDir
     from vapo_engine.runs import create_run
     from vapo_engine.trainer.loop import train
@@ -105,8 +108,11 @@ def one_run(name: str, replicas: int, rollouts: int, smoke: bool, model: Path, t
     extra = [f"training.total_steps={rollouts * per}", "eval.eval_interval=100000",
              "eval.save_interval=100000", "eval.num_problems=8", "eval.samples_per_problem=1",
              *(SMOKE_OVERRIDES if smoke else ()), "vapo.value_pretrain_steps=0"]  # after the smoke's 1
-    with tempfile.TemporaryDirectory(prefix="vapo-rb-") as tmp:
-        procs, urls = start_replicas(model, Path(tmp), replicas, threads) if replicas else ([], [])
+    with tempfile.TemporaryDirectory(prefix="vapo-rb-", dir=shared[0] if shared else None) as tmp:
+        if shared:
+            procs, urls = [], shared[1][:replicas]
+        else:
+            procs, urls = start_replicas(model, Path(tmp), replicas, threads) if replicas else ([], [])
         try:
             if urls:
                 listed = ", ".join(f'"{u}"' for u in urls)
@@ -142,7 +148,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="rounds over the scenarios (interleaved)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the trainer (default: torch's); "
                     "each replica gets threads // replicas")
-    ap.add_argument("--smoke", action="store_true", help="seconds: tiny batch, one round (tests)")
+    ap.add_argument("--smoke", action="store_true", help="seconds: tiny batch, one round, the replicas started once "
+                    "and shared by the server scenarios (tests)")
     ap.add_argument("--out", help="folder for the JSON record and plot (default bench/results)")
     args = ap.parse_args()
     import torch
@@ -155,13 +162,22 @@ def main() -> None:
     repeats = 1 if args.smoke else max(1, args.repeats)
     t0, load0 = time.perf_counter(), load_avg()
     rounds = []
-    for i in range(repeats):
-        rounds.append({})
-        for name, count in SCENARIOS:
-            got = rounds[-1][name] = one_run(name, count, warmup + steps, args.smoke, model, threads)
-            print(f"round {i + 1} {name:9} {mean(got['tokens_per_s'][warmup:]):8.0f} tok/s  "
-                  f"{mean(got['s_per_step'][warmup - 1:]):6.2f} s/step  load {got['load_avg_start']} -> "
-                  f"{got['load_avg_end']}", flush=True)
+    # --smoke starts the most replicas any scenario uses once and lends them to every server scenario: a replica
+    # process costs seconds of CPU before it answers, and the smoke only checks that the benchmark runs
+    most = max(count for _, count in SCENARIOS)
+    with tempfile.TemporaryDirectory(prefix="vapo-rb-") as root:
+        procs, urls = start_replicas(model, Path(root), most, threads) if args.smoke else ([], [])
+        try:
+            for i in range(repeats):
+                rounds.append({})
+                for name, count in SCENARIOS:
+                    got = rounds[-1][name] = one_run(name, count, warmup + steps, args.smoke, model, threads,
+                                                     (Path(root), urls) if args.smoke else None)
+                    print(f"round {i + 1} {name:9} {mean(got['tokens_per_s'][warmup:]):8.0f} tok/s  "
+                          f"{mean(got['s_per_step'][warmup - 1:]):6.2f} s/step  load {got['load_avg_start']} -> "
+                          f"{got['load_avg_end']}", flush=True)
+        finally:
+            stop(procs)
     rows = []
     for name, count in SCENARIOS:
         runs = [rnd[name] for rnd in rounds]
@@ -180,7 +196,9 @@ def main() -> None:
     config = {"preset": PRESET, "steps": steps, "warmup": warmup, "repeats": repeats, "smoke": args.smoke,
               "seed": 1, "updates_per_rollout": 1 if args.smoke else UPDATES_PER_ROLLOUT,
               "trainer_threads": threads,
-              "replica_threads": {r["scenario"]: replica_threads(threads, r["replicas"]) for r in rows if r["replicas"]}}
+              "replicas_shared": args.smoke,
+              "replica_threads": {r["scenario"]: replica_threads(threads, most if args.smoke else r["replicas"])
+                                  for r in rows if r["replicas"]}}
     path = write_record("rollout_backends", {"config": config, "rows": rows, "wall_s_total":
                                              round(time.perf_counter() - t0, 1), "load_avg_start": load0,
                                              "load_avg_end": load_avg()}, Path(args.out) if args.out else None)

@@ -206,7 +206,7 @@ def plot(path: Path, peak: dict, summaries: dict) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t0, load0 = time.time(), records.load_avg()
-    sizes, min_s = ((128, 256), 0.05) if args.smoke else ((256, 512, 1024, 2048), 0.5)
+    sizes, min_s = ((128, 256), 0.02) if args.smoke else ((256, 512, 1024, 2048), 0.5)
     extra = SMOKE_OVERRIDES if args.smoke else ()
     warmup, steps = (1, 1) if args.smoke else (args.warmup, args.steps)
     dtypes = [x for x in args.dtypes.split(",") if x]
