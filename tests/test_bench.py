@@ -52,7 +52,11 @@ def smoke(out: Path, name: str) -> dict:
     return json.loads(record.read_text())
 
 
-@pytest.mark.parametrize("name", list(SMOKES))
+TWO_PROCESSES = {"concurrency", "memory", "ablation_paired", "rollout_backends"}  # two busy processes or more
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.two_processes) if n in TWO_PROCESSES else n
+                                  for n in SMOKES])
 def test_smoke_writes_record_and_plot(out: Path, name: str):
     rec = smoke(out, name)
     assert rec["benchmark"] == name
