@@ -5,6 +5,8 @@ tiny model:
   alone          one run with the worker environment the run manager gives it (`jobs.threads.worker_env`)
   alone-active   the same with OMP_WAIT_POLICY=ACTIVE (OpenMP threads spin while they wait)
   alone-passive  the same with OMP_WAIT_POLICY=PASSIVE (waiting threads yield; what every run got before)
+  alone-1-thread one run on one thread: each two-sized run's share of the cores, so the floor of two-sized (two
+                 runs at once cannot each be faster than one run alone on half the cores)
   two-naive      two runs at once, each with torch's defaults (a thread per core, OpenMP's spinning wait)
   two-sized      two runs at once with `worker_env(concurrent=2)`: cores // 2 threads each, passive waiting
 The scenarios run in turn, `--repeats` rounds, so slow drift of the machine hits them alike. Reported per
@@ -31,7 +33,7 @@ from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_
 NAIVE_STRIP = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
-SCENARIOS = ("alone", "alone-active", "alone-passive", "two-naive", "two-sized")
+SCENARIOS = ("alone", "alone-active", "alone-passive", "alone-1-thread", "two-naive", "two-sized")
 SMOKE_SCENARIOS = ("alone", "two-sized")
 """--smoke runs one worker alone (the baseline of every ratio) and two at once with the run manager's budget: a
 worker process costs seconds of CPU before its first step, and the smoke only checks that the benchmark runs and
@@ -50,6 +52,8 @@ def _env(scenario: str, smoke: bool = False) -> dict:
         return dict(base, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     if scenario in WAIT:
         base["OMP_WAIT_POLICY"] = WAIT[scenario]
+    if scenario == "alone-1-thread":
+        base.update({var: "1" for var in THREAD_VARS})
     return worker_env(concurrent=2 if scenario == "two-sized" else 1, base=dict(base, PYTHONPATH=str(REPO)))
 
 
@@ -113,7 +117,9 @@ def main() -> None:
     ratio = (lambda a, b: round(by[a] / by[b], 2) if a in by and b in by else None)
     summary = {"naive_over_sized": ratio("two-naive", "two-sized"), "sized_over_alone": ratio("two-sized", "alone"),
                "alone_over_active": ratio("alone", "alone-active"),
-               "passive_over_alone": ratio("alone-passive", "alone")}
+               "passive_over_alone": ratio("alone-passive", "alone"),
+               "one_thread_over_alone": ratio("alone-1-thread", "alone"),
+               "sized_over_one_thread": ratio("two-sized", "alone-1-thread")}
     print("ratios: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     path = write_record("concurrency", {"steps": steps, "config": {"steps": steps, "smoke": args.smoke,
                                                                    "repeats": repeats},
