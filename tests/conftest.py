@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -35,7 +34,10 @@ def _two_processes_lock(item):
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if item.get_closest_marker("two_processes") is None or not run_id:
         return contextlib.nullcontext()
-    return _exclusive(Path(tempfile.gettempdir()) / f"vapo-tests-{run_id}.two_processes.lock")
+    from vapo_engine.builtin_model.build import (
+        _build_lock as exclusive,  # the build cache's flock (imports torch)
+    )
+    return exclusive(Path(tempfile.gettempdir()) / f"vapo-tests-{run_id}.two_processes.lock")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -48,16 +50,6 @@ def pytest_runtest_setup(item):
 def pytest_runtest_call(item):
     with _two_processes_lock(item):
         return (yield)
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path):
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)
