@@ -19,7 +19,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 STEPS = 5
@@ -59,7 +58,7 @@ def launch_command(engine: str, model: Path, port: int) -> tuple[list[str], dict
 
 def start_engine(ctx, engine: str, model: Path, end_tree) -> tuple[subprocess.Popen, str, str | None]:
     """Start the engine on `model`; (process, URL, None) once /health answers 200, or (process, URL, why not)."""
-    import httpx
+    from vapo_engine.rollout.backends.replicas import wait_until_healthy
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -67,21 +66,10 @@ def start_engine(ctx, engine: str, model: Path, end_tree) -> tuple[subprocess.Po
     out = ctx.work / f"engine-{engine}-{model.name}.out"
     with out.open("w", encoding="utf-8") as f:
         p = subprocess.Popen(cmd, env={**ctx.env, **extra}, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    url, deadline, why = f"http://127.0.0.1:{port}", time.time() + START_TIMEOUT_S, None
-    while True:
-        if p.poll() is not None:
-            why = f"exited with {p.returncode}"
-            break
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline:
-            why = f"no /health answer within {START_TIMEOUT_S} s"
-            end_tree(p)
-            break
-        time.sleep(2)
+    url = f"http://127.0.0.1:{port}"
+    why = wait_until_healthy(p, url, timeout_s=START_TIMEOUT_S, poll_s=2)
+    if why is not None and p.poll() is None:
+        end_tree(p)
     with ctx.log.open("a", encoding="utf-8") as f:
         f.write(f"\n===== engine {engine} on {model} ({why or 'up'}): {' '.join(cmd)}\n"
                 f"{out.read_text(encoding='utf-8', errors='replace')}")

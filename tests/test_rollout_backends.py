@@ -140,3 +140,36 @@ def test_only_the_hf_backend_calls_generate_or_builds_a_generation_config():
 
 def _names(node) -> str:
     return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+_HEALTH_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_wait_until_healthy_says_why_a_server_did_not_come_up(tmp_path):
+    """A real process each: one that answers /health, one that exits, one that never listens."""
+    import socket
+    import subprocess
+    import sys
+
+    from vapo_engine.rollout.backends.replicas import wait_until_healthy
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = subprocess.Popen([sys.executable, "-c", _HEALTH_SERVER, str(port)])
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_until_healthy(up, f"http://127.0.0.1:{port}", timeout_s=30, poll_s=0.1) is None
+        gone = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+        assert wait_until_healthy(gone, "http://127.0.0.1:9", timeout_s=30, poll_s=0.1) == "exited with 3"
+        assert wait_until_healthy(silent, "http://127.0.0.1:9", timeout_s=0.3, poll_s=0.1) == \
+            "no /health answer within 0.3 s"
+    finally:
+        up.kill()
+        silent.kill()

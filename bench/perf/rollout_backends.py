@@ -38,8 +38,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.lib import plots
 from bench.lib.records import REPO, load_avg, write_record
 from bench.lib.runs import PRESET, SMOKE_OVERRIDES, load_bench_config, settings_with_seed
@@ -55,6 +53,7 @@ def replica_threads(threads: int, count: int) -> int:
 def start_replicas(model: Path, root: Path, count: int, threads: int) -> tuple[list[subprocess.Popen], list[str]]:
     """`count` serve-model processes of `model` on free loopback ports, each with threads // count torch threads,
     that may load weights from under `root`; returns once every one answers /health."""
+    from vapo_engine.rollout.backends.replicas import wait_until_healthy
     threads = str(replica_threads(threads, count))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1")
     procs, urls = [], []
@@ -67,21 +66,12 @@ def start_replicas(model: Path, root: Path, count: int, threads: int) -> tuple[l
                                        str(root), "--log-level", "warning"], cwd=REPO, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.time() + 300
     for p, url in zip(procs, urls):
-        while True:
-            if p.poll() is not None:
-                stop(procs)
-                raise SystemExit(f"serve-model {url} exited: {p.stderr.read()[-1500:]}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                stop(procs)
-                raise SystemExit(f"serve-model {url} did not answer /health within 300 s")
-            time.sleep(0.5)
+        why = wait_until_healthy(p, url, timeout_s=300)
+        if why is not None:
+            tail = p.stderr.read()[-1500:] if p.poll() is not None else ""  # it exited: say what it printed
+            stop(procs)
+            raise SystemExit(f"serve-model {url}: {why} {tail}".rstrip())
     return procs, urls
 
 

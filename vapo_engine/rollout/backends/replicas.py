@@ -239,6 +239,24 @@ class ReplicaPool:
         self._client.close()
 
 
+def wait_until_healthy(proc, url: str, timeout_s: float, poll_s: float = 0.5) -> str | None:
+    """Wait for a just-started server process `proc` (a subprocess.Popen) to answer `GET url/health` with 200:
+    None once it does, else why not ("exited with N", or no answer within `timeout_s`); the process is left as
+    it is (the caller stops it)."""
+    deadline = time.time() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        try:
+            if httpx.get(url.rstrip("/") + "/health", timeout=5).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            return f"no /health answer within {timeout_s:g} s"
+        time.sleep(poll_s)
+
+
 def health_problem(urls: list[str], timeout_s: float = 2.5) -> str | None:
     """None when at least one of `urls` answers `GET /health` with 200 within `timeout_s` (all probed at once),
     else which failed and why: the preflight check of the remote backends (vapo_engine/doctor/network.py)."""
