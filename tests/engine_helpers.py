@@ -29,3 +29,24 @@ def random_value_dir(folder: Path, model_dir: Path) -> Path:
     from bench.lib.runs import random_head_value_dir
     out = Path(folder) / "value-random-head"
     return out if (out / "config.json").is_file() else random_head_value_dir(model_dir, out)
+
+
+def pushed_remote_policy(model_dir: Path, backend: str, urls: list[str], folder: Path, version: int, seed: int):
+    """The run's models with a remote rollout `backend` at `urls`, whose policy was moved off `model_dir`'s
+    weights (N(0, 0.05) noise, torch seed `seed`) and pushed as weight `version`: weights the servers were not
+    started with, so only the push can make sampler and trainer agree."""
+    import torch
+
+    from vapo_engine.config.train_model import RolloutConfig
+    from vapo_engine.trainer.lora import save_plain
+    from vapo_engine.trainer.models import load_models
+    models = load_models(model_dir, value_path=None, need_value=False, reference_path=None,
+                         device=torch.device("cpu"), autocast_dtype=None,
+                         rollout=RolloutConfig(backend=backend, urls=urls))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in models.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    save_plain(models.policy, folder / f"v{version}")
+    models.backend.load_weights(models, version=version, path=str(folder / f"v{version}"))
+    return models

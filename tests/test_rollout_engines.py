@@ -8,15 +8,13 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.engine_helpers import make_run
+from tests.engine_helpers import make_run, pushed_remote_policy
 from tests.mcp_helpers import uvicorn_in_thread
-from vapo_engine.config.train_model import RolloutConfig
 from vapo_engine.metrics import read_metrics
 from vapo_engine.serving.rollout_protocol import GenerateRequest
 
@@ -104,19 +102,9 @@ APPS = {"vllm": vllm_app, "sglang": sglang_app}
 def test_adapter_answers_are_the_trainers_numbers(engine, tmp_path, model_dir):
     from vapo_engine.rollout.experience import attach_old_outputs, sample_rollout
     from vapo_engine.tasks import get_task
-    from vapo_engine.trainer.lora import save_plain
-    from vapo_engine.trainer.models import load_models
     seen: list = []
     with uvicorn_in_thread(APPS[engine](reference(model_dir, tmp_path), seen), log_level="warning") as port:
-        models = load_models(model_dir, value_path=None, need_value=False, reference_path=None,
-                             device=torch.device("cpu"), autocast_dtype=None,
-                             rollout=RolloutConfig(backend=engine, urls=[f"http://127.0.0.1:{port}"]))
-        torch.manual_seed(1)
-        with torch.no_grad():
-            for p in models.policy.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        save_plain(models.policy, tmp_path / "v1")
-        models.backend.load_weights(models, version=1, path=str(tmp_path / "v1"))
+        models = pushed_remote_policy(model_dir, engine, [f"http://127.0.0.1:{port}"], tmp_path, version=1, seed=1)
         task = get_task("builtin:addition", tmp_path)
         problems = [p for p in task.train_batch(3, random.Random(0)) for _ in range(2)]
         ro = attach_old_outputs(models, sample_rollout(models, task, problems, max_new_tokens=8, temperature=0.7,

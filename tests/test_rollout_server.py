@@ -11,12 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
-from tests.engine_helpers import make_run
+from tests.engine_helpers import make_run, pushed_remote_policy
 from tests.fake_openai import closed_port
 from tests.serving_helpers import serving
-from vapo_engine.config.train_model import RolloutConfig
 from vapo_engine.metrics import CATALOGUE, read_metrics
 from vapo_engine.rollout.backends.replicas import ReplicasUnavailable
 from vapo_engine.rundir import ROLLOUT_JSON, RunDir
@@ -39,18 +37,8 @@ def server_run(tmp_path: Path, model_dir: Path, urls: list[str], extra: list[str
 def test_server_log_probs_equal_the_trainers(tmp_path, model_dir, temperature):
     from vapo_engine.rollout.experience import attach_old_outputs, sample_rollout
     from vapo_engine.tasks import get_task
-    from vapo_engine.trainer.lora import save_plain
-    from vapo_engine.trainer.models import load_models
     with replicas(model_dir, tmp_path) as (a, b):
-        models = load_models(model_dir, value_path=None, need_value=False, reference_path=None,
-                             device=torch.device("cpu"), autocast_dtype=None,
-                             rollout=RolloutConfig(backend="server", urls=[a.root, b.root]))
-        torch.manual_seed(0)
-        with torch.no_grad():  # weights the servers were not started with: only a push can make them agree
-            for p in models.policy.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        save_plain(models.policy, tmp_path / "v3")
-        models.backend.load_weights(models, version=3, path=str(tmp_path / "v3"))
+        models = pushed_remote_policy(model_dir, "server", [a.root, b.root], tmp_path, version=3, seed=0)
         task = get_task("builtin:addition", tmp_path)
         problems = [p for p in task.train_batch(6, random.Random(0)) for _ in range(2)]
         ro = sample_rollout(models, task, problems, max_new_tokens=10, temperature=temperature, top_p=1.0)

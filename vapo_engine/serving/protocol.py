@@ -120,16 +120,29 @@ def _stop(data: dict) -> tuple[str, ...]:
     return tuple(items)
 
 
-def parse_chat_request(data: Any, *, served: str, max_n: int, max_tokens_cap: int) -> ChatRequest:
-    """Validate a chat-completions body against the served model's name and the server's limits."""
+def json_object(data: Any) -> dict:
+    """The already-parsed JSON body, which must be an object (a type check: nothing is decoded here)."""
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    return data
+
+
+def served_model(data: dict, served: str, listed_at: str) -> str:
+    """The body's `model`, which must name the served model; the errors point at `listed_at` (the route that
+    lists it)."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise bad_request(f"model is required: this server serves {served!r} (GET /v1/models)", "model")
+        raise bad_request(f"model is required: this server serves {served!r} ({listed_at})", "model")
     if model != served:
         raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves `{served}` "
-                            "(GET /v1/models)", param="model", code="model_not_found")
+                            f"({listed_at})", param="model", code="model_not_found")
+    return model
+
+
+def parse_chat_request(data: Any, *, served: str, max_n: int, max_tokens_cap: int) -> ChatRequest:
+    """Validate a chat-completions body against the served model's name and the server's limits."""
+    data = json_object(data)
+    model = served_model(data, served, "GET /v1/models")
     max_tokens = integer_field(data, "max_completion_tokens", 1, max_tokens_cap)
     max_tokens = max_tokens if max_tokens is not None else integer_field(data, "max_tokens", 1, max_tokens_cap)
     n = integer_field(data, "n", 1, max_n)

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import ApiError, bad_request, integer_field, number_field
+from .protocol import ApiError, bad_request, integer_field, json_object, number_field, served_model
 
 PROTOCOL_VERSION = 1
 LOG_PROB_SEMANTICS = "log_softmax(logits / temperature) over the full vocabulary"
@@ -67,12 +67,6 @@ class GenerateRequest:
     stop_token_ids: tuple[int, ...]
     seed: int | None = None
     request_id: str | None = None
-
-
-def _object(data: Any) -> dict:
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
-    return data
 
 
 def _int(data: dict, name: str, lo: int, hi: int, *, required: bool = True) -> int | None:
@@ -101,15 +95,6 @@ def _ids(data: dict, name: str, vocab: int, most: int, *, non_empty: bool = True
     return tuple(value)
 
 
-def _served(data: dict, served: str) -> None:
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request(f"model is required: this server serves {served!r} (GET /rollout/info)", "model")
-    if model != served:
-        raise ApiError(404, f"The model `{model[:200]}` does not exist; this server serves `{served}` "
-                            "(GET /rollout/info)", param="model", code="model_not_found")
-
-
 def _request_id(data: dict) -> str | None:
     rid = data.get("request_id")
     if rid is not None and (not isinstance(rid, str) or not 0 < len(rid) <= 128):
@@ -119,8 +104,8 @@ def _request_id(data: dict) -> str | None:
 
 def parse_generate(data: Any, *, served: str, vocab: int, context: int) -> GenerateRequest:
     """Validate a generate body against the served model (name, vocabulary, context length)."""
-    data = _object(data)
-    _served(data, served)
+    data = json_object(data)
+    served_model(data, served, "GET /rollout/info")
     prompt = _ids(data, "prompt_ids", vocab, context)
     room = context - len(prompt)
     if room < 1:
@@ -141,12 +126,12 @@ def parse_generate(data: Any, *, served: str, vocab: int, context: int) -> Gener
 
 def parse_abort(data: Any) -> str | None:
     """The request id to abort (None = every running request)."""
-    return _request_id(_object(data))
+    return _request_id(json_object(data))
 
 
 def parse_load_weights(data: Any) -> tuple[str, int]:
     """(path, version) of a load_weights body."""
-    data = _object(data)
+    data = json_object(data)
     path = data.get("path")
     if not isinstance(path, str) or not path or len(path) > 4096 or "\x00" in path:
         raise bad_request("path is required: the directory of *.safetensors files the trainer wrote", "path")
