@@ -26,6 +26,8 @@ Not the same (TRL GRPO vs our GRPO: one algorithm, two implementations):
 - loss: TRL loss_type="grpo" (token mean per response, then mean over the mini-batch) = our GRPO's
   seq_mean_token_mean, symmetric clip ε = clip_range on both sides; advantage (R − group mean) / (unbiased group
   std + ε), ε = 1e-4 (TRL) vs 1e-6 (ours); TRL also computes per-token entropy in the loss forward and more metrics;
+- old log-probs: TRL recomputes them with a forward pass after generation; ours are read off the sampler's
+  decoding steps (rollout.old_log_probs = auto on CPU: the same formula, no extra pass; docs/design.md §3.7);
 - framework: TRL runs inside HF Trainer + accelerate (callbacks, logging every rollout); activation checkpointing
   off (TRL's default is on), bf16 off, no hub, no reporting.
 Our VAPO does more per step than either GRPO: a value model (a second network) scored on every rollout and trained

@@ -143,15 +143,16 @@ def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device
 
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
                    do_sample: bool = True, prompt_format: PromptFormat | None = None,
-                   with_sampler_log_probs: bool = False) -> Rollout:
+                   with_sampler_log_probs: bool = False, with_policy_outputs: bool = False) -> Rollout:
     """Generate one response per problem (repeat problems for groups) with the run's rollout backend
     (`models.backend`) and score them with the task; the prompts are encoded in `prompt_format` (None =
     plain). `with_sampler_log_probs` keeps the sampler's own log-probs of the drawn tokens
-    (`Rollout.sampler_log_probs`)."""
+    (`Rollout.sampler_log_probs`); `with_policy_outputs` takes the old log-probs and entropies from the sampler
+    where the backend has them (`SamplingParams.policy_outputs`; rollout.old_log_probs = "sampler")."""
     t0 = time.perf_counter()
     gen = sample(models, [p.prompt for p in problems], max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
-                 with_log_probs=with_sampler_log_probs)
+                 with_log_probs=with_sampler_log_probs, policy_outputs=with_policy_outputs)
     scores = [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)]
     return from_generation(gen, scores, models.device, temperature=temperature if do_sample else 0.0,
                            gen_seconds=time.perf_counter() - t0)
@@ -159,15 +160,19 @@ def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: 
 
 def from_generation(gen, scores: list[float], device, *, temperature: float, gen_seconds: float = 0.0) -> Rollout:
     """The Rollout of a generation (`generate.Generation`) and its per-response scores, sampled at
-    `temperature` (0 = greedy)."""
+    `temperature` (0 = greedy). The generation's policy log-probs and entropies, where it has them, become the
+    rollout's old log-probs and entropies (rollout.old_log_probs = "sampler")."""
     dev, scores = device, torch.tensor(scores, dtype=torch.float32)
+    def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(dev)
     resp_mask = gen.response_mask.float()
     input_ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1)
     attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
                    scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
-                   gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=None if gen.log_probs is None
-                   else gen.log_probs.to(dev), finished=gen.finished.to(dev), gen_seconds=gen_seconds,
+                   gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=on_device(gen.log_probs),
+                   old_log_probs=on_device(gen.policy_log_probs), entropy=on_device(gen.entropy),
+                   finished=gen.finished.to(dev), gen_seconds=gen_seconds,
                    temperature=logprob_temperature(temperature),
                    weight_version=gen.weight_version)
 
@@ -220,12 +225,15 @@ def response_values(value_model, ro: Rollout) -> torch.Tensor:
 @torch.no_grad()
 def attach_old_outputs(models, ro: Rollout, micro_batch: int, *, policy: bool = True) -> Rollout:
     """Fill old/ref log-probs, entropies and values by micro-batches, without gradients. `policy=False` leaves
-    the policy's and the reference's outputs out (value pretraining uses values only)."""
+    the policy's and the reference's outputs out (value pretraining uses values only). Old log-probs and
+    entropies the rollout already has (read off the sampler: rollout.old_log_probs = "sampler") are kept, and
+    the policy's pass is skipped."""
+    own = policy and ro.old_log_probs is None
     parts: dict[str, list[torch.Tensor]] = {"old_log_probs": [], "entropy": [], "ref_log_probs": [], "values": []}
     for s in range(0, ro.size, micro_batch):
         mb = ro.rows(slice(s, s + micro_batch))
         with models.autocast():
-            if policy:
+            if own:
                 lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
                 parts["old_log_probs"].append(lp)
                 parts["entropy"].append(ent)
@@ -233,4 +241,4 @@ def attach_old_outputs(models, ro: Rollout, micro_batch: int, *, policy: bool = 
                 parts["ref_log_probs"].append(response_log_probs(models.reference, mb)[0])
             if models.value is not None:
                 parts["values"].append(response_values(models.value, mb))
-    return replace(ro, **{k: torch.cat(v) if v else None for k, v in parts.items()})
+    return replace(ro, **{k: torch.cat(v) for k, v in parts.items() if v})

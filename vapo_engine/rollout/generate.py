@@ -43,13 +43,14 @@ def special_ids(model, tokenizer) -> tuple[int, list[int]]:
 
 
 def sampling_params(model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                    do_sample: bool = True, with_log_probs: bool = False, seed: int | None = None) -> SamplingParams:
+                    do_sample: bool = True, with_log_probs: bool = False, seed: int | None = None,
+                    policy_outputs: bool = False) -> SamplingParams:
     """Every setting of one sampling call: greedy when `do_sample` is False or the temperature is 0; stop and pad
-    ids from `special_ids(model, tokenizer)`."""
+    ids from `special_ids(model, tokenizer)`; `policy_outputs`: see `SamplingParams.policy_outputs`."""
     pad, eos = special_ids(model, tokenizer)
     return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(eos), pad_token_id=pad,
                           temperature=float(temperature) if do_sample else 0.0, top_p=float(top_p), seed=seed,
-                          log_probs=with_log_probs)
+                          log_probs=with_log_probs, policy_outputs=policy_outputs)
 
 
 def _rows(tokenizer, prompts: list[str] | None, prompt_ids: list[list[int]] | None,
@@ -78,11 +79,12 @@ def generate(model, tokenizer, prompts: list[str] | None, *, max_new_tokens: int
 
 def sample(models, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
            do_sample: bool = True, batch_size: int | None = None, prompt_format: PromptFormat | None = None,
-           with_log_probs: bool = False, seed: int | None = None) -> Generation:
+           with_log_probs: bool = False, seed: int | None = None, policy_outputs: bool = False) -> Generation:
     """Like `generate`, for the run's `models` (`trainer.models.Models`): their rollout backend samples from
-    their policy. `seed` seeds this call alone (None: the caller's torch random stream)."""
+    their policy. `seed` seeds this call alone (None: the caller's torch random stream); `policy_outputs`: see
+    `SamplingParams.policy_outputs`."""
     rows = _rows(models.tokenizer, prompts, None, prompt_format)
     params = sampling_params(models.policy, models.tokenizer, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, do_sample=do_sample,
-                             with_log_probs=with_log_probs, seed=seed)
+                             with_log_probs=with_log_probs, seed=seed, policy_outputs=policy_outputs)
     return models.backend.generate(models, rows, params, batch_size=batch_size)

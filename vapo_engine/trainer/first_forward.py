@@ -6,7 +6,9 @@ once, with gradients, on exactly the rows (and, with a token budget, the trimmed
 see first, keeps its graph (`FirstForward`), and takes the old log-probs / values of those rows from it (detached).
 `update_step` then uses the kept outputs instead of a second forward (`FirstForward.serves`). Nothing changes in
 the algorithm: the kept log-probs equal the old ones bit for bit (ratio exactly 1), and the gradients are those
-of a fresh forward of the same rows with the same weights. The other rows' old outputs come by micro-batches
+of a fresh forward of the same rows with the same weights. Old log-probs read off the sampler
+(rollout.old_log_probs = "sampler") stay the old ones for every row, these too (ratio 1 up to the rounding of
+the sampler's KV-cached forward). The other rows' old outputs come by micro-batches
 without gradients as before (`attach_old_outputs`).
 
 Cost: the kept graphs (one micro-batch of the policy and of the value model) live from the old-output pass to
@@ -75,7 +77,8 @@ def old_outputs(models, ro: Rollout, micro_batch: int, first_mini: torch.Tensor 
             v = response_values(models.value, mb)
     firsts = {"old_log_probs": lp, "entropy": ent, "ref_log_probs": ref, "values": v}
     merged = {name: _merge(None if rest is None else getattr(rest, name), keep, rows, first,
-                           ro.response_mask.shape[1]) for name, first in firsts.items() if first is not None}
+                           ro.response_mask.shape[1]) for name, first in firsts.items()
+              if first is not None and getattr(ro, name) is None}  # the sampler's old log-probs are kept whole
     return replace(ro, **merged), FirstForward(mb.input_ids, lp, v)
 
 

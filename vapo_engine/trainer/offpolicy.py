@@ -49,6 +49,16 @@ def step_prompts(tr, phase: str, index: int) -> list:
     return tr.task.train_batch(tr.cfg.prompts_per_step, streams.rng(tr.info.seed, f"{phase}_prompts", index))
 
 
+def reads_old_log_probs(rollout, models) -> bool:
+    """Whether a rollout's old log-probs are read off the sampler (rollout.old_log_probs; the config refuses
+    "sampler" where it cannot be): "auto" where the sampler's forward and the trainer's are one fp32 computation
+    (synchronous hf without correction, fp32 parameters, no autocast)."""
+    if rollout.old_log_probs != "auto":
+        return rollout.old_log_probs == "sampler"
+    exact = models.autocast_dtype is None and all(p.dtype == torch.float32 for p in models.policy.parameters())
+    return exact and rollout.backend == "hf" and rollout.max_off_policy_steps == 0 and rollout.is_mode_used == "off"
+
+
 def sample_step(tr, models, phase: str, index: int, prompts: list, version: int) -> Rollout:
     """This rank's groups of `prompts`, sampled by `models.backend` from `models.policy` (whose weights are
     `version`), scored, tagged with the version that sampled them; no old log-probs yet."""
@@ -58,7 +68,8 @@ def sample_step(tr, models, phase: str, index: int, prompts: list, version: int)
     with streams.seeded(tr.info.seed, "sampling", phase, index, p.rank, device=models.device):
         ro = sample_rollout(models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts,
-                            with_sampler_log_probs=cfg.rollout.wants_sampler_log_probs)
+                            with_sampler_log_probs=cfg.rollout.wants_sampler_log_probs,
+                            with_policy_outputs=phase == "policy" and reads_old_log_probs(cfg.rollout, models))
     return ro if ro.weight_version is not None else replace(ro, weight_version=version)
 
 

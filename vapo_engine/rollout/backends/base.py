@@ -45,6 +45,11 @@ class SamplingParams:
     """Seed of this call's sampling; None = the caller's (already seeded) torch random stream."""
     log_probs: bool = False
     """Also return the log-probs of the sampled tokens (`Generation.log_probs`)."""
+    policy_outputs: bool = False
+    """Also return what the trainer's old-output pass would compute for the drawn tokens: log-softmax(logits / T)
+    over the full vocabulary (no top-p/top-k truncation) and that distribution's entropy
+    (`Generation.policy_log_probs`, `.entropy`; rollout.old_log_probs = "sampler"). Only a backend that samples
+    from the trainer's policy itself can (hf); another returns None and the trainer computes them."""
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -79,6 +84,11 @@ class Generation:
     """(N, R) float32 log-probs of the drawn tokens under the sampler's processed distribution (with
     `SamplingParams.log_probs`; 0 after the response ends), else None. A remote backend (`server`) always returns
     the server's: log_softmax(logits / T) over the full vocabulary."""
+    policy_log_probs: torch.Tensor | None = None
+    """(N, R) float32 log-softmax(logits / T) of the drawn tokens over the full vocabulary, 0 after the response
+    ends (with `SamplingParams.policy_outputs`, from a backend that can), else None."""
+    entropy: torch.Tensor | None = None
+    """(N, R) float32 entropy of softmax(logits / T) at each response position (with `policy_log_probs`)."""
     weight_version: int | None = None
     """The policy weights' version that sampled these (a backend with its own copy of the weights); None for
     the live in-process policy."""

@@ -6,7 +6,8 @@ Sampling is pure: the checkpoint's own `generation_config` (top-k, repetition pe
 empty one during the call, so only `SamplingParams` apply: tokens are drawn from softmax(logits / temperature),
 truncated to the top-p nucleus when top_p < 1 (top-k off unless asked for; transformers' global default of 50
 is never used). With `SamplingParams.log_probs` the sampler's own log-probs of the drawn tokens come back too
-(log-softmax of the processed scores: temperature and top-p applied). Prompts are split into chunks of
+(log-softmax of the processed scores: temperature and top-p applied); with `SamplingParams.policy_outputs` the
+trainer's old-output pass is read off the decoding steps instead of recomputed (`_PolicyOutputs`). Prompts are split into chunks of
 `batch_size` rows for memory and the results re-padded to common widths. A sharded (FSDP2) policy decodes in
 lock-step across ranks. Weights need no loading: the next call samples from the module as it is.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from vapo_engine.algo.logits import entropy_from_logits, log_probs_from_logits
 
 from .base import (
     Generation,
@@ -99,24 +102,61 @@ def _lock_step(model) -> bool:
     return isinstance(model, FSDPModule) and torch.distributed.get_world_size() > 1
 
 
-def run(model, rows: list[list[int]], params: SamplingParams, *, stopping_criteria=None, raw_logits: bool = False):
+class _PolicyOutputs(LogitsProcessor):
+    """Reads the trainer's old-output pass off the decoding steps: at each step the entropy of softmax(logits / T)
+    and, one call later (when the drawn token is the last column of `input_ids`), the drawn token's log-prob
+    under it; the last step's token is read from the output (`collect`). Sees the raw logits (custom processors
+    run before generate's temperature / top-p warpers) and returns them unchanged; keeps one step's (N, V)
+    logits at a time. Uses the trainer's formulas (vapo_engine.algo.logits), so the numbers differ from the
+    trainer's full-sequence pass only by the rounding of the KV-cached forward."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature if temperature > 0 else 1.0  # greedy: log-probs at T = 1 (as the trainer)
+        self._last: torch.Tensor | None = None
+        self._log_probs: list[torch.Tensor] = []
+        self._entropy: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._last is not None:
+            self._log_probs.append(log_probs_from_logits(self._last, input_ids[:, -1:])[:, 0])
+        z = scores.float()[:, None, :]
+        self._last = z / self.temperature if self.temperature != 1.0 else z
+        self._entropy.append(entropy_from_logits(self._last)[:, 0])
+        return scores
+
+    def collect(self, new_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropies), each (N, R) for the R drawn tokens `new_tokens`."""
+        if self._last is not None and len(self._log_probs) < new_tokens.shape[1]:
+            self._log_probs.append(log_probs_from_logits(self._last, new_tokens[:, -1:])[:, 0])
+        r = new_tokens.shape[1]
+        return torch.stack(self._log_probs[:r], dim=1), torch.stack(self._entropy[:r], dim=1)
+
+
+def run(model, rows: list[list[int]], params: SamplingParams, *, stopping_criteria=None, raw_logits: bool = False,
+        logits_processor: LogitsProcessor | None = None):
     """One `model.generate` call on token-id `rows` (left-padded here): (prompt ids, prompt mask, raw output).
     `stopping_criteria` (a transformers `StoppingCriteriaList`) sees every step, e.g. to stream; `raw_logits`
-    (see `generation_config`) makes the output a dict with `sequences` and `logits`."""
+    (see `generation_config`) makes the output a dict with `sequences` and `logits`; `logits_processor` sees
+    each step's raw logits (and must return them unchanged)."""
     prompt_ids, prompt_mask = left_pad(rows, params.pad_token_id, model.device)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask,
                          generation_config=generation_config(params, raw_logits=raw_logits), synced_gpus=_lock_step(model),
-                         stopping_criteria=stopping_criteria)
+                         stopping_criteria=stopping_criteria,
+                         logits_processor=LogitsProcessorList([logits_processor] if logits_processor else []))
     return prompt_ids, prompt_mask, out
 
 
 def _chunk(model, rows: list[list[int]], params: SamplingParams):
-    prompt_ids, prompt_mask, out = run(model, rows, params)
+    policy = _PolicyOutputs(params.temperature) if params.policy_outputs else None
+    prompt_ids, prompt_mask, out = run(model, rows, params, logits_processor=policy)
     sequences = out.sequences if params.log_probs else out
     new_tokens = sequences[:, prompt_ids.shape[1]:]
     ids, mask, finished = mask_after_eos(new_tokens, list(params.stop_token_ids), params.pad_token_id)
     lp = _sampler_log_probs(out.scores, new_tokens).masked_fill(mask == 0, 0.0) if params.log_probs else None
-    return prompt_ids, prompt_mask, ids, mask, finished, lp
+    outputs = None
+    if policy is not None:
+        outputs = tuple(x.masked_fill(mask == 0, 0.0) for x in policy.collect(new_tokens))
+    return prompt_ids, prompt_mask, ids, mask, finished, lp, outputs
 
 
 def _sampler_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
@@ -143,7 +183,12 @@ def generate_ids(model, tokenizer, rows: list[list[int]], params: SamplingParams
     response_ids = torch.cat([pad_to(c[2], r_width, pad, left=False)[:, :r_width] for c in chunks])
     response_mask = torch.cat([pad_to(c[3], r_width, 0.0, left=False)[:, :r_width] for c in chunks])
     finished = torch.cat([c[4] for c in chunks])
-    log_probs = torch.cat([pad_to(c[5], r_width, 0.0, left=False)[:, :r_width] for c in chunks]
-                          ) if params.log_probs else None
+
+    def responses(get) -> torch.Tensor:  # a per-response-token tensor of every chunk, at the common width
+        return torch.cat([pad_to(get(c), r_width, 0.0, left=False)[:, :r_width] for c in chunks])
+    log_probs = responses(lambda c: c[5]) if params.log_probs else None
+    policy_lp, entropy = (responses(lambda c: c[6][0]), responses(lambda c: c[6][1])) if params.policy_outputs \
+        else (None, None)
     return Generation(prompt_ids, prompt_mask, response_ids, response_mask,
-                      decode_responses(tokenizer, response_ids, response_mask), finished, log_probs)
+                      decode_responses(tokenizer, response_ids, response_mask), finished, log_probs,
+                      policy_log_probs=policy_lp, entropy=entropy)
