@@ -130,3 +130,23 @@ def test_bad_dataset_and_override_errors_are_clear(tmp_path, model_dir):
                        env=env, timeout=300)
     assert r.returncode == 2 and "bad.jsonl" in r.stderr and ":1" in r.stderr and "answer" in r.stderr
     assert not (tmp_path / "logs").exists()  # nothing was created for a run that could not start
+
+
+def test_a_step_logs_where_its_time_went(tmp_path, model_dir):
+    """perf/*_time_s split the rollout step into its parts (sampling, old outputs, actor, critic, optimizer):
+    each is positive, together they fit in the step, and GRPO has no critic part."""
+    from vapo_engine.config import load_config
+    from vapo_engine.trainer.loop import train
+    parts = ("sample", "old_outputs", "actor", "critic", "optimizer")
+    for variant in ("vapo", "grpo"):
+        base = load_config(ROOT / "config.toml", preset="cpu-demo")
+        run_dir = make_run(tmp_path, model_dir, [*VARIANTS[variant].apply(base), "training.total_steps=2",
+                                                 "eval.eval_interval=100"], name=variant)
+        train(run_dir, log=lambda m: None)
+        recs = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        assert recs
+        for r in recs:
+            mine = [p for p in parts if variant == "vapo" or p != "critic"]
+            assert all(r[f"perf/{p}_time_s"] > 0 for p in mine), r
+            assert sum(r[f"perf/{p}_time_s"] for p in mine) <= r["perf/step_time_s"]
+            assert (("perf/critic_time_s" in r) == (variant == "vapo"))

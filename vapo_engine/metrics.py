@@ -119,6 +119,16 @@ CATALOGUE: dict[str, str] = {
     "perf/rollout_time_s": "wall time of generation + scoring",
     "perf/update_time_s": "wall time of the updates",
     "perf/update_samples_per_s": "responses processed per second by the updates",
+    # where the step's time went (bench/perf/step_phases.py); each a part of perf/step_time_s
+    "perf/sample_time_s": "wall time of sampling and scoring the rollout (with rollout.max_off_policy_steps > 0 it "
+                          "ran beside the previous step's updates)",
+    "perf/old_outputs_time_s": "wall time of the old-output pass after sampling: values, reference log-probs, and "
+                               "the policy's old log-probs unless read off the sampler (rollout.old_log_probs)",
+    "perf/actor_time_s": "wall time of the actor's micro-batches (forward + backward, replayed positives included), "
+                         "summed over the step's updates",
+    "perf/critic_time_s": "wall time of the critic's micro-batches (forward + backward), summed over the step's "
+                          "updates",
+    "perf/optimizer_time_s": "wall time of the optimizer steps (gradient sync, clipping, step) of the step's updates",
 }
 
 MEAN, SUM, MAX, SAME, MAIN = "mean", "sum", "max", "same", "main"

@@ -161,10 +161,27 @@ def run_ours(variant: str, args, task: str, model_dir: Path, steps: int, every: 
         summary = train(info.run_dir, log=lambda s: None,
                         on_record=lambda r: events.append((time.perf_counter(), r)))
     curve, spent = timeline(events)
-    rollouts = [r["perf/step_time_s"] for _, r in events if r["kind"] == "train"]
+    train = [r for _, r in events if r["kind"] == "train"]
+    rollouts = [r["perf/step_time_s"] for r in train]
     return {"side": side or variant, "steps": summary["steps"], "overrides": overrides, "curve": curve,
             "train_s": round(sum(spent.values()), 2), "value_pretrain_s": round(spent.get("pretrain", 0.0), 2),
-            "step_time_s_sum": round(sum(rollouts), 3), "rollout_times_s": [round(x, 3) for x in rollouts]}
+            "step_time_s_sum": round(sum(rollouts), 3), "rollout_times_s": [round(x, 3) for x in rollouts],
+            "phases_s": phases(train)}
+
+
+PHASES = ("sample", "old_outputs", "actor", "critic", "optimizer", "step")
+"""Parts of our rollout step (the engine's perf/<phase>_time_s metrics); the rest of perf/step_time_s is
+advantages, metrics and the replay buffer."""
+
+
+def phases(train: list[dict]) -> dict[str, float]:
+    """Mean seconds per rollout step in each of PHASES (a phase the side does not run is absent)."""
+    out = {}
+    for name in PHASES:
+        vals = [r[f"perf/{name}_time_s"] for r in train if f"perf/{name}_time_s" in r]
+        if vals:
+            out[name] = round(statistics.fmean(vals), 4)
+    return out
 
 
 def run_trl(args, task: str, model_dir: Path, steps: int, every: int) -> dict:
@@ -333,6 +350,9 @@ def main(argv=None) -> dict:
     for side, s in summary.items():
         per = [r[side]["s_per_opt_step"] for r in rounds]
         summary[side] = s | {"s_per_opt_step": round(statistics.median(per), 4), "s_per_opt_step_rounds": per}
+    for side in [r["side"] for r in runs if r.get("phases_s")]:  # each phase: the median over the rounds
+        per_round = [r["phases_s"] for round_runs in rounds_runs for r in round_runs if r["side"] == side]
+        summary[side]["phases_s"] = {k: round(statistics.median(p[k] for p in per_round), 4) for k in per_round[0]}
     rel = ratios(summary, rounds)
     cfg, _ = bench_config("grpo", args, task, model_dir, steps, every)
     meta = {"task": task, "preset": args.preset, "model_dir": str(model_dir), "steps": steps, "eval_interval": every,

@@ -294,7 +294,27 @@ def trl_side_by_side(rec: dict) -> str:
             f"accelerate {v['accelerate']}; — = not reached.")
     if c.get("small_critic"):
         note += f" vapo_small_critic: our VAPO with {', '.join(c['small_critic'])} (a smaller critic, same policy)."
-    return section(lines, rec, note)
+    return section(lines, rec, note, *_phase_table(rec["summary"], c["opt_steps_per_rollout"]))
+
+
+PHASE_COLUMNS = (("sample", "sampling + reward"), ("old_outputs", "old outputs"), ("actor", "actor fwd+bwd"),
+                 ("critic", "critic fwd+bwd"), ("optimizer", "optimizer steps"))
+
+
+def _phase_table(summary: dict, per_rollout: int) -> list[str]:
+    """Where our sides' rollout step goes (the engine's perf/*_time_s metrics), when the record has it."""
+    sides = {side: s["phases_s"] for side, s in summary.items() if s.get("phases_s")}
+    if not sides:
+        return []
+    head = " | ".join(label for _, label in PHASE_COLUMNS)
+    rows = [f"| side | {head} | rest | rollout step |", "|---" * (len(PHASE_COLUMNS) + 3) + "|"]
+    for side, p in sides.items():
+        rest = p["step"] - sum(p.get(k, 0.0) for k, _ in PHASE_COLUMNS)
+        cells = " | ".join(f"{p[k]:.3f}" if k in p else "—" for k, _ in PHASE_COLUMNS)
+        rows.append(f"| {side} | {cells} | {rest:.3f} | {p['step']:.3f} |")
+    intro = (f"Our sides' rollout step ({per_rollout} optimizer steps) by part, seconds (the engine's perf/*_time_s "
+             "metrics, mean per rollout, median over the rounds; rest = advantages, metrics, replay buffer):")
+    return [intro, "\n".join(rows)]
 
 
 def trl_summary(rec: dict) -> str:

@@ -50,6 +50,9 @@ class Rollout:
     """The version of the policy weights that sampled these (rollout steps whose updates they had taken,
     `trainer.offpolicy`, the tag a remote backend's weights were pushed with); None = not known."""
     gen_seconds: float = 0.0
+    """Seconds spent sampling and scoring these rows."""
+    old_seconds: float = 0.0
+    """Seconds spent on their old outputs after sampling (values, reference / old log-probs: trainer/batches.py)."""
     temperature: float = 1.0
     """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
 

@@ -3,7 +3,9 @@ fresh, within the staleness bound) and `minibatches` (this rank's shuffled mini-
 trainer/loop.py, which calls both."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -36,8 +38,10 @@ def collect(tr: Trainer, phase: str, index: int, ask_provider: bool = False
     updates = policy and tr.step < cfg.training.total_steps or not policy and tr.uses_critic
     first_mini = next(minibatches(tr, ro.size, phase, index, epochs), None) \
         if updates and reuse_possible(cfg, tr.parallel.sharded) else None
+    t0 = time.perf_counter()
     ro, first = old_outputs(tr.models, ro, cfg.micro_batch_size, first_mini, tr.spec, tr.parallel.max_int,
                             policy=policy)
+    ro = replace(ro, old_seconds=time.perf_counter() - t0)
     return ro, streams.digest([q.prompt for q in prompts]), first
 
 

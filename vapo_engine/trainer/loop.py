@@ -153,11 +153,13 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     tr.replay.add_pairs(tr.provider.collect(), source="provider")
     tr.rollout_step += 1
     t2 = time.perf_counter()
-    if updates:
-        metrics |= {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+    if updates:  # means over the updates; their perf/ seconds add up over the step
+        metrics |= {k: sum(u[k] for u in updates) / (1 if k.startswith("perf/") else len(updates))
+                    for k in updates[0]}
     metrics |= {"vapo/replay_size": len(tr.replay), "vapo/replay_provider": tr.replay.count("provider"),
                 "actor/lr": tr.sched_actor.get_last_lr()[0],
                 "perf/step_time_s": t2 - t0, "perf/rollout_time_s": t1 - t0, "perf/update_time_s": t2 - t1,
+                "perf/sample_time_s": ro.gen_seconds, "perf/old_outputs_time_s": ro.old_seconds,
                 "perf/update_samples_per_s": len(updates) * mini_size / max(t2 - t1, 1e-9)}
     metrics |= {"critic/lr": tr.sched_critic.get_last_lr()[0]} if tr.sched_critic is not None else {}
     return tr.parallel.combine(metrics | tr.provider.metrics() | tr.models.backend.metrics())

@@ -16,6 +16,7 @@ is untouched. Does not sample or compute advantages.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -73,13 +74,17 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
     (actor/…, critic/…), each this rank's share or mean as its catalogue rule says (combined over ranks later).
     `parallel` all-reduces the counts, syncs the gradients and keeps the ranks' forward passes in lock-step.
     `first` (a `first_forward.FirstForward`): the kept outputs of the first micro-batch, used when they are of
-    exactly its rows."""
+    exactly its rows. The step's seconds in the actor's and the critic's micro-batches (forward + backward) and in
+    the optimizer steps (gradient sync, clipping, step) come back as perf/actor_time_s, perf/critic_time_s and
+    perf/optimizer_time_s."""
     mask = mini.response_mask
     counts = parallel.sum(torch.stack([mask.sum(), torch.tensor(float(mini.size), device=mask.device),
                                        (mask * mini.correct[:, None]).sum()
                                        + (replay.response_mask.sum() if replay is not None else 0.0)]))
     n_tok, n_seq, n_pos = counts.clamp(min=1.0)
     sums: dict[str, float] = {}
+    clock = {"perf/actor_time_s": 0.0} if train_actor else {}
+    clock |= {"perf/critic_time_s": 0.0} if train_critic else {}
     if train_actor:
         opt_actor.zero_grad(set_to_none=True)
     if train_critic:
@@ -92,18 +97,23 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
             weight = float(mb.response_mask.sum() / n_tok)
             kept = first if i == 0 and first is not None and first.serves(mb) else None
             if train_actor:
+                t = time.perf_counter()
                 _add(sums, *_actor_micro(models, mb, spec, n_tok, n_seq, n_pos, riders[i],
                                          kept.log_probs if kept else None), weight)
+                clock["perf/actor_time_s"] += time.perf_counter() - t
             if train_critic:
+                t = time.perf_counter()
                 _add(sums, *_critic_micro(models, mb, spec, n_tok, kept.values if kept else None), weight)
+                clock["perf/critic_time_s"] += time.perf_counter() - t
     out = dict(sums)
+    t = time.perf_counter()
     if train_actor:
         parallel.sync_gradients(models.policy)
         out["actor/grad_norm"] = _clip_and_step(models.policy, opt_actor, spec.max_grad_norm)
     if train_critic:
         parallel.sync_gradients(models.value)
         out["critic/grad_norm"] = _clip_and_step(models.value, opt_critic, spec.max_grad_norm)
-    return out
+    return out | clock | {"perf/optimizer_time_s": time.perf_counter() - t}
 
 
 def _riders(replay: Rollout | None, k: int) -> list[Rollout | None]:
