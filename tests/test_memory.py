@@ -123,6 +123,7 @@ def _step(models, ro, parallel=None, **spec):
             for m in (models.policy, models.value)]
     spec = _spec(positive_lm_coef=0.1, kl_coef=0.05, value_clip=0.2, max_grad_norm=1e6, **spec)
     metrics = update_step(models, *opts, ro, None, spec, parallel=parallel or ONE_PROCESS)
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # wall times differ run to run
     grads = {f"{k}.{n}": p.grad.clone() for k, m in (("policy", models.policy), ("value", models.value))
              for n, p in m.named_parameters() if p.grad is not None}
     return metrics, grads

@@ -51,6 +51,7 @@ def _update(models, mini, spec, replay=None, first=None):
     opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (models.policy, models.value)]
     calls, hooks = _forwards(models)
     metrics = update_step(models, *opts, mini, replay, spec, first=first)
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # wall times differ run to run
     for h in hooks:
         h.remove()
     grads = {f"{k}.{n}": p.grad.clone() for k, m in (("policy", models.policy), ("value", models.value))
