@@ -24,7 +24,7 @@ if not __package__:  # run as a file (`python bench/report.py`): the bench packa
     sys.exit("bench/report.py is a module of the bench package: run it from the repository root as "
              "`.venv/bin/python -m bench.report [--write | --check]`")
 
-from bench.lib import render
+from bench.lib import render, render_trl
 from bench.lib.records import REPO
 
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
@@ -42,7 +42,7 @@ SECTIONS = (  # (record, title, renderer, what it answers)
      "Teacher-forced probability of the right sign and digit on each line, by prompt length."),
     ("sample_efficiency", "VAPO, PPO and GRPO on builtin:addition", render.sample_efficiency,
      "Held-out accuracy curves of the three algorithms on the cpu-demo recipe."),
-    ("trl_side_by_side", "Next to TRL's GRPOTrainer", render.trl_side_by_side,
+    ("trl_side_by_side", "Next to TRL's GRPOTrainer", render_trl.trl_side_by_side,
      "Seconds per optimizer step of TRL's GRPO, ours and our VAPO on the same shapes (one run per side)."),
     ("throughput", "Throughput of one VAPO step", render.throughput,
      "Where a cpu-demo VAPO rollout step spends its time, and the FLOP rate of its updates."),
@@ -101,7 +101,7 @@ def render_headline(results: Path) -> str:
         lines += ["", render.critic_summary(crit)]
     trl = _load(results, "trl_side_by_side")
     if trl is not None:
-        lines += ["", render.trl_summary(trl)]
+        lines += ["", render_trl.trl_summary(trl)]
     lines += ["", (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
                    f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
     return "\n".join(lines)
