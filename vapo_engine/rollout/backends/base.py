@@ -7,8 +7,9 @@ a response mask that covers every token up to AND including the first stop (EOS)
 when asked for and where the backend has them, the per-token log-probs of the sampled tokens.
 
 Log-prob semantics: log-softmax of logits / temperature over the full vocabulary, truncated to the top-p
-nucleus when top_p < 1 (the distribution the tokens were drawn from, not renormalised; the trainer recomputes
-its own log-probs in any case, `rollout.experience.response_log_probs`).
+nucleus when top_p < 1 (the distribution the tokens were drawn from, not renormalised). The trainer's old
+log-probs are its own (`rollout.experience.response_log_probs`), recomputed after sampling or, from a backend that
+samples the trainer's policy itself, read off the decoding steps (`SamplingParams.policy_outputs`).
 
 `RolloutBackend.load_weights` is how a backend that holds its own copy of the policy (an inference engine in
 another process) is told that the policy changed; the in-process backend samples from the live policy module,
