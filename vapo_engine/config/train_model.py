@@ -335,8 +335,8 @@ class RolloutConfig(Section):
     so that pass is skipped (at mini-batch = batch / 4, one policy forward over 3/4 of the rollout less per
     step); needs backend hf, synchronous (max_off_policy_steps = 0) and no importance correction (is_mode auto
     or off). auto = sampler where the two are the same fp32 computation up to rounding (those conditions, fp32
-    weights, no bf16/fp16 autocast: the CPU default; on the built-in addition model they were at most 2.3e-5
-    apart over 4 rollouts of 128), else recompute (on CUDA the trainer's bf16 forward would differ from the
+    weights, no bf16/fp16 autocast: the CPU default; they then differ only by the rounding of the KV-cached
+    forward), else recompute (on CUDA the trainer's bf16 forward would differ from the
     sampler's by bf16 error)."""
 
     @property
@@ -345,6 +345,18 @@ class RolloutConfig(Section):
         if self.is_mode != "auto":
             return self.is_mode
         return "off" if self.backend == "hf" and self.max_off_policy_steps == 0 else "truncate"
+
+    @property
+    def sampler_lacks(self) -> str | None:
+        """What reading the old log-probs off the sampler (old_log_probs sampler / auto) needs and this config
+        lacks; None = it can: the in-process hf backend, synchronous, without importance correction."""
+        if self.backend != "hf":
+            return "backend hf"
+        if self.max_off_policy_steps:
+            return "synchronous sampling (max_off_policy_steps = 0)"
+        if self.is_mode_used != "off":
+            return "no importance correction (with the sampler's log-probs as the old ones every weight would be 1)"
+        return None
 
     @property
     def wants_sampler_log_probs(self) -> bool:
@@ -407,12 +419,8 @@ class Decisions(Section):
 
 
 def _old_log_prob_problems(r: RolloutConfig) -> list[FieldProblem]:
-    """rollout.old_log_probs = "sampler" reads them off the in-process hf sampler, synchronous, uncorrected."""
-    if r.old_log_probs != "sampler":
-        return []
-    why = ("backend hf" if r.backend != "hf" else "synchronous sampling (max_off_policy_steps = 0)"
-           if r.max_off_policy_steps else "no importance correction (with the sampler's log-probs as the old ones "
-           "every weight would be 1)" if r.is_mode_used != "off" else None)
+    """rollout.old_log_probs = "sampler" where the sampler cannot give them (`RolloutConfig.sampler_lacks`)."""
+    why = r.sampler_lacks if r.old_log_probs == "sampler" else None
     return [] if why is None else [FieldProblem(
         "rollout.old_log_probs", f'"sampler" needs {why}', 'set rollout.old_log_probs = "recompute", or use '
         'backend "hf" with max_off_policy_steps = 0 and is_mode = "auto"')]

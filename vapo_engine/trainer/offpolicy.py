@@ -56,7 +56,7 @@ def reads_old_log_probs(rollout, models) -> bool:
     if rollout.old_log_probs != "auto":
         return rollout.old_log_probs == "sampler"
     exact = models.autocast_dtype is None and all(p.dtype == torch.float32 for p in models.policy.parameters())
-    return exact and rollout.backend == "hf" and rollout.max_off_policy_steps == 0 and rollout.is_mode_used == "off"
+    return exact and rollout.sampler_lacks is None
 
 
 def sample_step(tr, models, phase: str, index: int, prompts: list, version: int) -> Rollout:
