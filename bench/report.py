@@ -20,9 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-if not __package__:  # run as a file (`python bench/report.py`): the bench package is not importable that way
-    sys.exit("bench/report.py is a module of the bench package: run it from the repository root as "
-             "`.venv/bin/python -m bench.report [--write | --check]`")
+if not __package__:  # run as a file (`python bench/report.py`): make the bench package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib import render, render_trl
 from bench.lib.records import REPO
