@@ -150,3 +150,25 @@ def test_a_step_logs_where_its_time_went(tmp_path, model_dir):
             assert all(r[f"perf/{p}_time_s"] > 0 for p in mine), r
             assert sum(r[f"perf/{p}_time_s"] for p in mine) <= r["perf/step_time_s"]
             assert (("perf/critic_time_s" in r) == (variant == "vapo"))
+
+
+def _scored_rollout(scores: list[float]):
+    from vapo_engine.rollout.experience import Rollout
+    n, r = len(scores), 3
+    mask = torch.ones(n, r)
+    return Rollout(input_ids=torch.zeros(n, 2 + r, dtype=torch.long), attention_mask=torch.ones(n, 2 + r),
+                   position_ids=torch.arange(2 + r).expand(n, -1), response_mask=mask,
+                   scores=torch.tensor(scores), correct=torch.tensor(scores) > 0, token_rewards=torch.zeros(n, r),
+                   prompt_len=2, texts=[""] * n, entropy=torch.full((n, r), 0.5),
+                   finished=torch.ones(n, dtype=torch.bool), gen_seconds=1.0)
+
+
+def test_no_signal_groups_is_logged_only_with_two_or_more_samples_per_prompt():
+    from vapo_engine.trainer.loop import rollout_metrics
+    ro = _scored_rollout([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # groups of 2: equal, mixed, equal
+    same = lambda x: x  # one rank: the global sum is this rank's
+    assert rollout_metrics(ro, 2, same)["rollout/no_signal_groups"] == pytest.approx(2 / 3)
+    assert rollout_metrics(ro, 3, same)["rollout/no_signal_groups"] == 0.0  # both groups of 3 are mixed
+    one = rollout_metrics(ro, 1, same)  # every "group" of one sample has equal rewards: the number says nothing
+    assert "rollout/no_signal_groups" not in one
+    assert one["rollout/accuracy"] == 0.5 and one["actor/entropy"] == pytest.approx(0.5)

@@ -68,7 +68,8 @@ CATALOGUE: dict[str, str] = {
     "rollout/response_length": "mean response length in tokens (EOS included)",
     "rollout/response_length_max": "longest response in tokens",
     "rollout/truncated_frac": "fraction of responses that hit max_tokens without EOS",
-    "rollout/no_signal_groups": "fraction of prompt groups whose samples all got the same reward",
+    "rollout/no_signal_groups": "fraction of prompt groups whose samples all got the same reward (logged only "
+                                "when vapo.group_size >= 2)",
     "rollout/tokens_per_s": "generated tokens per second in the rollout",
     "rollout/weight_version": "version of the policy weights the rollout was sampled with (remote rollout backends: "
                               "the rollout step whose weights the trainer pushed last)",

@@ -187,8 +187,10 @@ def policy_update(tr: Trainer, mini: Rollout, first: FirstForward | None = None)
 
 def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float]:
     """Per-sample numbers are means of this rank's share; the token means (entropy, value and return means)
-    are global already (`reduce_sum`), because ranks hold different numbers of tokens."""
-    lengths, groups = ro.lengths.float(), ro.scores.view(-1, group_size)
+    are global already (`reduce_sum`), because ranks hold different numbers of tokens.
+    `rollout/no_signal_groups` only with group_size >= 2: a group of one sample always has equal rewards, so the
+    fraction would be 1.0 whatever the rewards are."""
+    lengths = ro.lengths.float()
 
     def token_mean(x: torch.Tensor) -> float:  # over the valid tokens of every rank
         s = reduce_sum(torch.stack([(x * ro.response_mask).sum(), ro.response_mask.sum()]).double())
@@ -196,9 +198,11 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
     out = {"rollout/reward_mean": float(ro.scores.mean()), "rollout/accuracy": float(ro.correct.float().mean()),
            "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
            "rollout/truncated_frac": float((~ro.finished).float().mean()),
-           "rollout/no_signal_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
            "rollout/tokens_per_s": float(lengths.sum()) / max(ro.gen_seconds, 1e-9),
            "actor/entropy": token_mean(ro.entropy)}
+    if group_size >= 2:  # with one sample per prompt every group trivially has "no signal"
+        groups = ro.scores.view(-1, group_size)
+        out["rollout/no_signal_groups"] = float((groups.max(1).values == groups.min(1).values).float().mean())
     if ro.weight_version is not None:  # sampled by a remote backend: the version of the weights it held
         out["rollout/weight_version"] = float(ro.weight_version)
     if ro.values is not None and ro.returns is not None:
