@@ -186,14 +186,12 @@ def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
     out = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
                 use_cache=False)
     p = ro.prompt_len
-    logits = out.logits[:, p - 1:-1, :].float()
-    if ro.temperature != 1.0:
-        logits = logits / ro.temperature
-    lp = log_probs_from_logits(logits, ro.input_ids[:, p:])
+    logits = out.logits[:, p - 1:-1, :]  # the model's dtype: algo/logits.py upcasts and scales row by row
+    lp = log_probs_from_logits(logits, ro.input_ids[:, p:], ro.temperature)
     if not with_entropy:
         return lp, None
     with torch.no_grad():
-        return lp, entropy_from_logits(logits.detach())
+        return lp, entropy_from_logits(logits.detach(), ro.temperature)
 
 
 def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
