@@ -228,8 +228,9 @@ def _training_tools(mcp: MCPServer) -> None:
         preset: Annotated[str | None, Field(max_length=200, description="e.g. 'cpu-demo'")] = None,
         overrides: Overrides | None = None,
     ) -> training.AblationStart:
-        """Run full VAPO and 'w/o X' variants (and PPO/GRPO baselines) with the same budget and seed, one after
-        another. Returns an ablation id; report_metrics(ablation id) gives the comparison table and plot."""
+        """Run full VAPO and 'w/o X' variants (and PPO/GRPO baselines) with the same seed and number of policy
+        steps (compute differs between arms), one after another. Returns an ablation id; report_metrics(ablation
+        id) gives the comparison table and plot."""
         return training.ablate(files(), variants=list(variants) if variants else None, preset=preset,
                                overrides=list(overrides or []))
 

@@ -165,8 +165,9 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
 
 def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = None,
            overrides: list[str] = ()) -> AblationStart:
-    """One run per variant (full VAPO always included), same seed and budget; all configs are validated
-    before the first run starts."""
+    """One run per variant (full VAPO always included), each with the same seed and the same number of policy
+    steps (not the same compute: value pretraining, a critic or extra losses cost more in some arms); all
+    configs are validated before the first run starts."""
     names = list(variants or DEFAULT_ABLATION)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:

@@ -1,7 +1,8 @@
 """Ablation variants: full VAPO, each "w/o X" of docs/design.md §3, and the baselines, as config overrides. Torch-free.
 
-Every variant is the base config plus `--set` style overrides, so a variant run is an ordinary run and the
-same budget and seeds apply. The paper's AIME 2024 avg@32 (Qwen2.5-32B) is kept for reference only.
+Every variant is the base config plus `--set` style overrides, so a variant run is an ordinary run with the
+same seeds and number of policy steps (not the same compute: value pretraining or a critic adds work to
+some). The paper's AIME 2024 avg@32 (Qwen2.5-32B) is kept for reference only.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 1. Train run A (cpu-demo preset, `--steps-a` policy steps) from the built-in addition model.
 2. Serve A's newest checkpoint with `vapo-mcp serve-model` (a separate process on 127.0.0.1) and point a
    settings.json at it, exactly as a user points the channel at any OpenAI-compatible endpoint.
-3. For each seed, train run B from the *initial* model twice, same seed and budget: without provider samples,
+3. For each seed, train run B from the *initial* model twice, same seed and number of policy steps: without provider samples,
    and with `[provider_rollouts]` asking A's endpoint (correct answers join the positive replay buffer and
    enter only the positive-example NLL).
 Reports, per arm: the first evaluated step and the wall time at which greedy held-out accuracy reaches the
