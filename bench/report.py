@@ -29,7 +29,7 @@ from bench.lib.records import REPO
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
 END = "<!-- results:end -->"
 
-SECTIONS = (  # (record, title, renderer, what it answers)
+SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function of the record)
     ("ablation_chain_paired", "VAPO's parts on builtin:chain: the paired ablation", render.ablation_paired,
      ("Which of VAPO's parts change how fast the long end improves, next to GRPO and rejection-sampling fine-tuning "
      "at an equal sample budget (value-pretraining rollouts counted)?")),
@@ -41,8 +41,7 @@ SECTIONS = (  # (record, title, renderer, what it answers)
      "Teacher-forced probability of the right sign and digit on each line, by prompt length."),
     ("sample_efficiency", "VAPO, PPO and GRPO on builtin:addition", render.sample_efficiency,
      "Held-out accuracy curves of the three algorithms on the cpu-demo recipe."),
-    ("trl_side_by_side", "Next to TRL's GRPOTrainer", render_trl.trl_side_by_side,
-     "Seconds per optimizer step of TRL's GRPO, ours and our VAPO on the same shapes (one run per side)."),
+    ("trl_side_by_side", "Next to TRL's GRPOTrainer", render_trl.trl_side_by_side, render_trl.question),
     ("throughput", "Throughput of one VAPO step", render.throughput,
      "Where a cpu-demo VAPO rollout step spends its time, and the FLOP rate of its updates."),
     ("rollout_backends", "Rollouts in the trainer vs on serve-model replicas", render.rollout_backends,
@@ -74,6 +73,7 @@ def render_results(results: Path) -> str:
         if rec is None:
             continue
         plot = f"\n![{title}](../bench/results/{name}.png)\n" if (results / f"{name}.png").is_file() else ""
+        question = question(rec) if callable(question) else question
         parts.append(f"## {title}\n\n*{question}* Record: `bench/results/{name}.json`.\n{plot}\n{fn(rec)}\n")
     return "\n".join(parts)
 

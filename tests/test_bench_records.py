@@ -167,3 +167,19 @@ def test_critic_ceiling_removes_the_monte_carlo_noise():
     truth = var_v / (mean_r * (1 - mean_r))
     assert t["true V"] == pytest.approx(truth, abs=0.02)  # the true V as the critic
     assert t["monte_carlo"] < truth - 0.05 and t["ceiling"] == pytest.approx(truth, abs=0.02)
+
+
+def test_trl_section_says_how_many_rounds_and_which_columns_are_one_run():
+    """The TRL side-by-side section states the record's rounds (not 'one run per side' for a 3-round record), and
+    labels the per-run columns as one run's (the first round's), the step cost as the median over the rounds."""
+    from bench.lib import render_trl
+    rec = json.loads((ROOT / "bench" / "results" / "trl_side_by_side.json").read_text())
+    assert rec["config"]["repeats"] == 3
+    assert "(3 interleaved rounds, every side once per round)" in render_trl.question(rec)
+    table = render_trl.trl_side_by_side(rec)
+    assert "| s / optimizer step (median of 3 rounds) |" in table and "| training s per run (round 1) |" in table
+    assert "training s total" not in table
+    single = {**rec, "config": {**rec["config"], "repeats": 1}}
+    assert render_trl.question(single).endswith("(one run per side).")
+    assert "| s / optimizer step | vs TRL GRPO | greedy start → final |" in render_trl.trl_side_by_side(single)
+    assert render_trl.question(rec) in report.render_results(ROOT / "bench" / "results")

@@ -5,10 +5,20 @@ from __future__ import annotations
 from .render import f, section
 
 
+def question(rec: dict) -> str:
+    """The section's question, with how many rounds the record ran (one run per side, or interleaved rounds)."""
+    n = rec["config"].get("repeats", 1)
+    how = "one run per side" if n <= 1 else f"{n} interleaved rounds, every side once per round"
+    return f"Seconds per optimizer step of TRL's GRPO, ours and our VAPO on the same shapes ({how})."
+
+
 def trl_side_by_side(rec: dict) -> str:
     c, n = rec["config"], rec["config"]["points"]
-    lines = [(f"| side | s / optimizer step | vs TRL GRPO | greedy start → final | step to +{n:g} points | "
-              f"training s to +{n:g} points | training s total | of which value pretraining |"),
+    repeats = c.get("repeats", 1)
+    step = f"s / optimizer step (median of {repeats} rounds)" if repeats > 1 else "s / optimizer step"
+    first = " (round 1)" if repeats > 1 else ""  # the per-run columns are the first round's run
+    lines = [(f"| side | {step} | vs TRL GRPO | greedy start → final{first} | step to +{n:g} points{first} | "
+              f"training s to +{n:g} points{first} | training s per run{first} | of which value pretraining |"),
              "|---|---|---|---|---|---|---|---|"]
     for side, s in rec["summary"].items():
         lines.append(f"| {side} | {s['s_per_opt_step']:.3f} | {rec['ratio_vs_trl_grpo'][side]['s_per_opt_step']:.2f}× | "
