@@ -28,11 +28,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     overrides (TOML values, dotted keys): later wins. `defer_cross_checks`: cross-field problems do not raise
     (the caller lists them with `TrainConfig.cross_check_problems`)."""
     path = Path(path)
-    raw = _read(path, _parse_toml)
+    raw = _read(path, _parse_toml, "--config", "config.toml")
     layer = None
     if preset:
         ppath = preset_path(preset)
-        layer = (str(ppath), _read(ppath, _parse_toml))
+        layer = (str(ppath), _read(ppath, _parse_toml, "--preset"))
         raw = _merge(raw, layer[1])
     over = parse_overrides(overrides)
     return validate(TrainConfig, _merge(raw, over), str(path), over, preset=layer,
@@ -51,6 +51,8 @@ def preset_path(preset: str) -> Path:
         return p
     if preset in preset_names():
         return PRESETS_DIR / f"{preset}.toml"
+    if p.suffix == ".toml" or p.is_dir() or "/" in preset or "\\" in preset:  # meant as a file
+        _read(p, _parse_toml, "--preset")  # raises: not found, or a folder
     raise ConfigError([ConfigIssue("--preset", preset, "unknown preset", "use one of "
                                    f"{', '.join(preset_names())} or a path to a .toml file")])
 
@@ -58,13 +60,21 @@ def preset_path(preset: str) -> Path:
 def load_settings(path: str | Path) -> Settings:
     """Read and validate settings.json."""
     path = Path(path)
-    return validate(Settings, _read(path, _parse_json), str(path), {})
+    return validate(Settings, _read(path, _parse_json, "--settings", "settings.json"), str(path), {})
 
 
-def _read(path: Path, parse) -> dict:
+def _read(path: Path, parse, flag: str, shipped: str | None = None) -> dict:
+    """The parsed file; a missing file or a folder is one issue naming the path, the flag and the fix."""
+    if path.is_dir():
+        inside = f" (e.g. {flag} {path / shipped})" if shipped else ""
+        raise ConfigError([ConfigIssue(str(path), "", "is a folder, not a file",
+                                       f"pass the file itself with {flag}{inside}")])
     if not path.is_file():
-        raise ConfigError([ConfigIssue(str(path), "", "file not found", "create it (the repository ships a "
-                                       f"commented {path.name}) or pass the right path")])
+        fix = (f"create it (copy the commented {shipped} the repository ships) or pass an existing file with {flag}"
+               if shipped else f"pass an existing .toml file of overrides or a built-in preset name "
+               f"({', '.join(preset_names())}) with {flag}")
+        raise ConfigError([ConfigIssue(str(path), "", ("preset " if flag == "--preset" else "") + "file not found",
+                                       fix)])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
