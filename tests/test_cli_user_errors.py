@@ -109,3 +109,26 @@ def test_resume_refuses_set_preset_and_tag(capsys, ws, extra, named):
     _add_run(ws, "r-stopped", "stopped")
     code, _, err = cli(capsys, "train", *ws, "--resume", "r-stopped", *extra)
     assert code == 2 and named in err and "--resume" in err and "keeps the config" in err
+
+
+# --- diagnose, data, command groups -------------------------------------------------------------------------
+
+def test_diagnose_code_with_a_missing_path(capsys, ws, tmp_path):
+    code, _, err = cli(capsys, "diagnose", "--code", tmp_path / "nope", *ws)
+    assert code == 2 and str(tmp_path / "nope") in err and "not found" in err
+
+
+def test_data_dir_that_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv in (["data", "list"], ["data", "fetch", "math500"]):
+        code, _, err = cli(capsys, *argv, "--data-dir", afile)
+        assert code == 2 and f"--data-dir {afile}: not a folder" in err
+
+
+@pytest.mark.parametrize("group, subcommands", [("runs", ["list", "status", "stop", "resume"]),
+                                                ("config", ["check"]), ("data", ["list", "fetch"])])
+def test_a_command_group_alone_prints_its_subcommands(capsys, group, subcommands):
+    code, out, err = cli(capsys, group)
+    assert code == 2 and f"usage: vapo-mcp {group}" in out and all(s in out for s in subcommands)
+    assert "error" not in out + err
