@@ -30,6 +30,17 @@ def positive_int(hi: int, lo: int = 1):
     return parse
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: pass one in 1..65535") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number: pass one in 1..65535")
+    return value
+
+
 def run_request_error(e: Exception) -> UserError:
     """A run-manager or tool-input error as the CLI's: an unknown run id names `vapo-mcp runs list`."""
     from vapo_engine.jobs.manager import LIST_HINT
