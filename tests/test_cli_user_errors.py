@@ -115,7 +115,7 @@ def test_resume_refuses_set_preset_and_tag(capsys, ws, extra, named):
 
 def test_diagnose_code_with_a_missing_path(capsys, ws, tmp_path):
     code, _, err = cli(capsys, "diagnose", "--code", tmp_path / "nope", *ws)
-    assert code == 2 and str(tmp_path / "nope") in err and "not found" in err
+    assert code == 2 and str(tmp_path / "nope") in err and "code path not found" in err
 
 
 def test_data_dir_that_is_a_file(capsys, tmp_path):
