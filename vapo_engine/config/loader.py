@@ -15,6 +15,7 @@ import tomllib
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, FieldProblem
+from .fixes import expected_shape, shape_fix
 from .secrets import redact, redact_tokens, safe_override
 from .settings_model import Settings
 from .train_model import DEFER_CROSS_CHECKS, TrainConfig
@@ -189,6 +190,11 @@ def _issue(model: type[BaseModel], err: dict, where) -> ConfigIssue:
         return _unknown_key(model, loc, src)
     if err["type"] == "missing":
         return ConfigIssue(src, key, "required key is missing", f"add {key}")
+    items = [i for i, p in enumerate(err["loc"]) if isinstance(p, int)]
+    if items:  # an element of a list: `rollout.urls[0]`, checked against the list's field
+        loc = [str(p) for p in err["loc"][:items[0]]]
+        key = ".".join(loc) + "".join(f"[{p}]" for p in err["loc"][items[0]:] if isinstance(p, int))
+        src = where(loc)
     field = _field(model, loc)
     shown = redact_tokens(json.dumps(err.get("input"), default=str))  # a pasted token must not reach the message
     if any(w in loc[-1].lower() for w in ("key", "token", "secret", "header")):
@@ -196,9 +202,17 @@ def _issue(model: type[BaseModel], err: dict, where) -> ConfigIssue:
     allowed = _allowed(field, err)
     default = "" if field is None or field.default is None or callable(field.default_factory) \
         else f" (default {json.dumps(field.default, default=str)})"
-    msg = f"value {shown} is invalid" + ("" if "expected" in (err.get("ctx") or {}) else f": {err['msg'].lower()}")
+    shape = expected_shape(err["type"])
+    msg = f"value {shown} is invalid" + ("" if "expected" in (err.get("ctx") or {}) else
+                                         f": expected {shape}" if shape else f": {err['msg'].lower()}")
+    given = err.get("input") if shown == json.dumps(err.get("input"), default=str) else shown
+    nested = _model_at(model, loc)
+    fix = shape_fix(key, err["type"], given, from_set=src == "--set", allowed=allowed,
+                    default=None if field is None or callable(field.default_factory) else field.default,
+                    table_keys=list(nested.model_fields) if nested else ())
     return ConfigIssue(src, key, msg + (f"; allowed: {allowed}" if allowed else ""),
-                       f"set {key} to {allowed or 'a valid value'}{default}")
+                       (fix + default if fix and default and "e.g." not in fix else fix)
+                       or f"set {key} to {allowed or 'a valid value'}{default}")
 
 
 def _source(file: str, overrides: dict, loc: list[str], preset: tuple[str, dict] | None = None) -> str:
