@@ -132,3 +132,10 @@ def test_a_command_group_alone_prints_its_subcommands(capsys, group, subcommands
     code, out, err = cli(capsys, group)
     assert code == 2 and f"usage: vapo-mcp {group}" in out and all(s in out for s in subcommands)
     assert "error" not in out + err
+
+
+def test_ablate_help_explains_the_arms_with_an_example(capsys):
+    code, out, _ = cli(capsys, "ablate", "--help")
+    assert code == 0 and "--variants no_decoupled_gae" in out and "space-separated" in out
+    from vapo_engine.variants import VARIANTS
+    assert all(f"  {name} " in out for name in VARIANTS)

@@ -5,13 +5,15 @@ background jobs like those of `start_training`.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from tools.paths import ToolInputError, files
 from tools.report import AblationReport, report_metrics
 from tools.training import ablate, list_runs, resume_run, run_status, stop_run
+from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError, State
-from vapo_engine.variants import VARIANTS
+from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
 from .common import add_file_options, add_json_option, positive_int, print_json, run_request_error
 
@@ -40,13 +42,36 @@ def register(sub) -> None:
     add_json_option(rep)
     rep.add_argument("run_id")
     rep.set_defaults(func=_report)
-    abl = sub.add_parser("ablate", help="start full VAPO + 'w/o X' variants + baselines as background runs")
+    abl = sub.add_parser("ablate", help="start full VAPO + 'w/o X' variants + baselines as background runs",
+                         description=ABLATE_HELP, epilog=_variant_table(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_file_options(abl)
     add_json_option(abl)
-    abl.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="default: the paper's table + PPO/GRPO")
-    abl.add_argument("--preset")
-    abl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    abl.add_argument("--variants", nargs="+", choices=list(VARIANTS), metavar="VARIANT",
+                     help="the arms to run, space-separated names from the list below (full VAPO is always "
+                          f"added); default: {' '.join(DEFAULT_ABLATION)}")
+    abl.add_argument("--preset", help=f"applied to every arm: a built-in preset ({', '.join(preset_names())}) or "
+                                      "a .toml of overrides")
+    abl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="config override applied to every arm, before the arm's own (repeatable)")
     abl.set_defaults(func=_ablate)
+
+
+ABLATE_HELP = """\
+Start one background run per arm of an ablation: full VAPO plus the variants you name, each the same base
+config (config.toml, then --preset, then --set) with the arm's own overrides on top, so the same seed and
+budget apply. The runs are queued and run one after another; `vapo-mcp report abl-…` prints the table.
+
+Arms are variant names, space-separated after --variants (no commas, no quotes):
+
+  vapo-mcp ablate --preset cpu-demo --variants no_decoupled_gae no_length_adaptive grpo
+  vapo-mcp ablate --variants ppo grpo --set training.total_steps=200"""
+
+
+def _variant_table() -> str:
+    width = max(map(len, VARIANTS))
+    rows = [f"  {v.name:{width}}  {v.description}" for v in VARIANTS.values()]
+    return "variants (arms):\n" + "\n".join(rows)
 
 
 def _call(fn, *args, **kw):
