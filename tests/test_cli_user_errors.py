@@ -139,3 +139,13 @@ def test_ablate_help_explains_the_arms_with_an_example(capsys):
     assert code == 0 and "--variants no_decoupled_gae" in out and "space-separated" in out
     from vapo_engine.variants import VARIANTS
     assert all(f"  {name} " in out for name in VARIANTS)
+
+
+def test_eval_help_says_which_flags_apply_to_which_backend(capsys):
+    code, out, _ = cli(capsys, "eval", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    for phrase in ("--step STEP with --run, local only", "--concurrency CONCURRENCY with --channel",
+                   "--device {auto,cpu,cuda} local models only", "--model MODEL with --channel",
+                   "0 = greedy only", "falling back to models.fallback"):
+        assert phrase in text, phrase
