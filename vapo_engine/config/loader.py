@@ -52,7 +52,7 @@ def preset_path(preset: str) -> Path:
         return p
     if preset in preset_names():
         return PRESETS_DIR / f"{preset}.toml"
-    if p.suffix == ".toml" or p.is_dir() or "/" in preset or "\\" in preset:  # meant as a file
+    if p.suffix == ".toml":  # meant as a file (other strings never touch the disk: tools.access.preset_for)
         _read(p, _parse_toml, "--preset")  # raises: not found, or a folder
     raise ConfigError([ConfigIssue("--preset", preset, "unknown preset", "use one of "
                                    f"{', '.join(preset_names())} or a path to a .toml file")])
