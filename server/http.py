@@ -71,6 +71,9 @@ def serve_http(server, *, host: str, port: int, token: str | None, allowed_hosts
     import uvicorn
 
     from vapo_engine.serving.header_timeout import protocol
+    from vapo_engine.serving.listen import bind_listen_socket
+    sock = bind_listen_socket(host, port)  # a port in use or out of range: one error naming it, exit 2
     app = http_app(server, host=host, token=token, allowed_hosts=allowed_hosts)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=MAX_CONNECTIONS,
-                timeout_keep_alive=KEEP_ALIVE_S, http=protocol())
+    config = uvicorn.Config(app, log_level=log_level, limit_concurrency=MAX_CONNECTIONS,
+                            timeout_keep_alive=KEEP_ALIVE_S, http=protocol())
+    uvicorn.Server(config).run(sockets=[sock])

@@ -274,3 +274,31 @@ def test_sampling_settings_that_make_ratios_approximate_warn():
     assert "model.top_p" not in keys(load_config(ROOT / "config.toml", preset="cpu-demo"))
     greedy = keys(load_config(ROOT / "config.toml", ["model.temperature=0"]))
     assert "greedy" in greedy["model.temperature"].message and "model.top_p" not in greedy
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("rollout.urls=http://h:8000", """write rollout.urls as a list in [ ], e.g. --set 'rollout.urls=["http://h:8000"]'"""),
+    ("vapo=1", "set the keys of vapo one by one: --set vapo."),
+    ("training.total_steps=abc", ("write training.total_steps as a whole number (≥ 1 and ≤ 10000000), e.g. "
+                                  "--set training.total_steps=5000")),
+    ("vapo.alpha=x", "write vapo.alpha as a number (> 0 and ≤ 100), e.g. --set vapo.alpha="),
+    ("training.gradient_checkpointing=maybe", ("write training.gradient_checkpointing as true or false, e.g. "
+                                               "--set training.gradient_checkpointing=")),
+    ("model.name=5", "write model.name as a quoted string, e.g. --set 'model.name=\""),
+])
+def test_a_value_of_the_wrong_shape_gets_a_fix_in_the_right_shape(project, override, fix):
+    i = _issue(load_config, project / "config.toml", [override])
+    assert i.file == "--set" and i.fix.startswith(fix) and "a valid value" not in i.fix
+    assert "instance of" not in i.message and "expected" in i.message
+
+
+def test_a_shape_fix_in_the_file_is_written_as_a_toml_line(project):
+    cfg = project / "config.toml"
+    cfg.write_text('[rollout]\nurls = "http://h:8000"\n')
+    assert _issue(load_config, cfg).fix.endswith('e.g. urls = ["http://h:8000"] under [rollout]')
+    cfg.write_text('eval = 3\n[rollout]\nurls = [5]\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(cfg)
+    fixes = {i.key: i.fix for i in ei.value.issues}
+    assert "a [eval] section with one `key = value` line per key (keys: benchmark" in fixes["eval"]
+    assert fixes["rollout.urls[0]"] == 'write rollout.urls as a list of quoted strings, e.g. urls = ["5"] under [rollout]'

@@ -210,3 +210,20 @@ async def test_the_tool_confines_paths_for_remote_callers(proj, tmp_path):
     async with Client(build_server(Policy("http", ()))) as c:
         res = await c.call_tool("doctor", {"overrides": [f'model.local_path="{folder}"']})
     assert res.is_error and "is outside the allowed roots" in text(res)
+
+
+@pytest.mark.parametrize("make, what", [(lambda p: None, "does not exist"),
+                                        (lambda p: p.write_text("x"), "is a file, not a model directory")])
+def test_a_local_path_that_is_not_a_folder_names_the_field_and_the_path(tmp_path, capsys, make, what):
+    from server.cli import main
+    missing = tmp_path / "models" / "Qwen2.5-32B"
+    missing.parent.mkdir()
+    make(missing)
+    [found] = only(doctor(tmp_path / "ws", [f'model.local_path="{missing}"']), "memory")
+    assert found.what == f"model.local_path {missing} {what}: the model cannot be loaded"
+    assert "model.local_path" in found.fix and "config.json" in found.fix
+    config, settings = tmp_path / "ws" / "config.toml", tmp_path / "ws" / "settings.json"
+    code = main(["doctor", "--config", str(config), "--settings", str(settings), "--set",
+                 f'model.local_path="{missing}"'])
+    out = capsys.readouterr()
+    assert code == 2 and f"model.local_path {missing} {what}" in out.out and "Traceback" not in out.out + out.err

@@ -182,3 +182,24 @@ def test_diagnose_error_redacts_keys_without_a_prefix(given):
 def test_redact_tokens_keeps_ordinary_tags_and_values():
     assert redact_tokens("vapo") == "vapo" and redact_tokens("abl-1a2b3c4d") == "abl-1a2b3c4d"
     assert redact_tokens(f"tag {HEX_KEY} x") == f"tag {redact(HEX_KEY)} x"
+
+
+@pytest.mark.parametrize("name", ["builtin:chain@v9", "builtin:chain@planted-stop", "builtin:chain@v1",
+                                  "org:model@v1.2"])
+def test_a_model_name_with_an_at_tag_is_not_taken_for_url_credentials(name):
+    """`x:y@tag` is a model's name (the built-in ones are `builtin:<task>@<variant>`), not `user:pass@host`."""
+    assert scrub(f"model {name} is not built") == f"model {name} is not built"
+    assert redact_tokens(f"unknown model '{name}'") == f"unknown model '{name}'"
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("https://bob:hunter2@gw.example/v1", "https://bob:***@gw.example/v1"),
+    ("postgres://bob:hunter2@db/x", "postgres://bob:***@db/x"),
+    ("(bob:hunter2@db.local)", "(bob:***@db.local)"),
+    ("bob:hunter2@10.0.0.7", "bob:***@10.0.0.7"),
+    ("bob:hunter2@dbhost:5432", "bob:***@dbhost:5432"),
+    ("bob:hunter2@localhost", "bob:***@localhost"),
+    ("builtin:chain@v9 then https://bob:hunter2@h/x", "builtin:chain@v9 then https://bob:***@h/x"),
+])
+def test_real_url_credentials_are_still_masked(raw, shown):
+    assert scrub(raw) == shown

@@ -62,6 +62,12 @@ def diagnose_error(*, status: int | None = None, body: str | None = None,
                                  "pass the path without it")
     if log_path is not None:
         text = "\n".join(t for t in (text, _read_log(log_path)) if t)
+    if code_path is not None and not Path(code_path).exists():
+        from vapo_engine.providers.redaction import (
+            scrub,  # the path is echoed: a key pasted as one is redacted
+        )
+        raise ToolInputError(f"code path not found: {scrub(str(code_path))!r}; pass an existing file or folder "
+                             "to scan")
     try:
         ev = gather_evidence(status=status, body=body, headers=headers, text=text, settings_path=settings_path,
                              config_path=config_path, code_path=code_path, env=env, model=model,

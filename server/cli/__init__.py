@@ -28,11 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
+        group = _subparsers(parser).choices.get(args.command) if args.command else None
+        if group is not None:  # a command group without its subcommand (`vapo-mcp runs`): its subcommands
+            group.print_help()
+        else:
+            parser.print_help(sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)

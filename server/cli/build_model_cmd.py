@@ -31,8 +31,7 @@ def build_model(args) -> int:
     from vapo_engine.builtin_model.recipes import RECIPES
     from vapo_engine.builtin_model.shipped import shipped_folder
 
-    if args.name not in RECIPES:  # printed here: the error path would mask "chain" in "builtin:chain@v1" as a
-        # URL password; only the user's text goes through the redaction
+    if args.name not in RECIPES:  # only the user's text goes through the redaction (not the list of names)
         shown = public_message(UserError(args.name), known_secrets())
         print(f"error: {shown!r} is not a built-in model. Fix: use one of {', '.join(sorted(RECIPES))}.",
               file=sys.stderr)

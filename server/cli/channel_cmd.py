@@ -41,7 +41,7 @@ def register(sub) -> None:
                      help="response header, repeatable (e.g. --header 'retry-after: 20')")
     dia.add_argument("--text", metavar="TEXT|@FILE", help="exception message or traceback, or @file")
     dia.add_argument("--log", metavar="FILE", help="log file to scan (its last 256 KB)")
-    dia.add_argument("--code", metavar="PATH", help="file or folder to scan for key-handling bugs")
+    dia.add_argument("--code", metavar="PATH", help="an existing file or folder to scan for key-handling bugs")
     dia.add_argument("--settings", help=f"settings.json (default: ${SETTINGS_ENV} or ./settings.json if present)")
     dia.add_argument("--config", help=f"config.toml (default: ${CONFIG_ENV} or ./config.toml if present)")
     dia.add_argument("--base-url", help="base URL that was called (if not the one in settings.json)")

@@ -1,6 +1,7 @@
 """Helpers shared by CLI commands: file options, error printing, JSON output."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -14,6 +15,39 @@ from vapo_engine.providers.redaction import public_message
 
 class UserError(_UserError):
     """A mistake the user can fix; printed as one message (with the fix), exit code 2."""
+
+
+def positive_int(hi: int, lo: int = 1):
+    """An argparse type: an integer in lo..hi (argparse prints the message and exits 2 otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range {lo}..{hi}")
+        return value
+    return parse
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: pass one in 1..65535") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number: pass one in 1..65535")
+    return value
+
+
+def run_request_error(e: Exception) -> UserError:
+    """A run-manager or tool-input error as the CLI's: an unknown run id names `vapo-mcp runs list`."""
+    from vapo_engine.jobs.manager import LIST_HINT
+    text = str(e)
+    if "unknown run id" in text:
+        text = text.replace(f" {LIST_HINT}", "") + "; see every run id with: vapo-mcp runs list"
+    return UserError(text)
 
 
 def add_file_options(p) -> None:

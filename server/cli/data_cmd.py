@@ -40,15 +40,25 @@ def register(sub) -> None:
 
 
 def data_dir_for(args) -> Path:
-    """--data-dir, else config.toml's data.data_dir made absolute the way a run freezes it, else ./data."""
+    """--data-dir, else config.toml's data.data_dir made absolute the way a run freezes it, else ./data; a path
+    that exists but is not a folder is a user error."""
+    folder, where = _data_dir(args)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{where} {folder}: not a folder (it is a file). Fix: pass the folder that holds (or will "
+                        "hold) <name>.jsonl, e.g. --data-dir data")
+    return folder
+
+
+def _data_dir(args) -> tuple[Path, str]:
     if args.data_dir:
-        return Path(args.data_dir).expanduser().absolute()
+        return Path(args.data_dir).expanduser().absolute(), "--data-dir"
     config = Path(args.config)
     if not config.is_file():
-        return Path("data").absolute()
+        return Path("data").absolute(), "data dir"
     from vapo_engine.config import load_config
     from vapo_engine.runs import freeze_paths
-    return Path(freeze_paths(load_config(config), config.resolve().parent).data.data_dir)
+    return Path(freeze_paths(load_config(config), config.resolve().parent).data.data_dir), \
+        f"{config}: data.data_dir"
 
 
 def _list(args) -> int:

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .common import UserError, add_file_options
+from .common import UserError, add_file_options, port_number
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
     add_file_options(p)
     p.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (non-loopback needs a token)")
-    p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument("--port", type=port_number, default=8765, help="HTTP port, 1..65535 (default 8765)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host header names accepted (DNS-rebinding protection), repeatable")
     p.add_argument("--allow-path", action="append", default=[], metavar="DIR",

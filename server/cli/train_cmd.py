@@ -16,7 +16,7 @@ from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError
 from vapo_engine.rundir import WORKER_LOG, RunDir
 
-from .common import UserError, add_file_options, print_json
+from .common import UserError, add_file_options, print_json, run_request_error
 
 
 def register(sub) -> None:
@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--preset", help=f"a built-in preset ({', '.join(preset_names())}) or a .toml of overrides")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--tag", action="append", default=[], help="extra run tag (repeatable)")
-    p.add_argument("--resume", metavar="RUN_ID", help="continue this run from its newest checkpoint")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue this run from its newest checkpoint, with the config it was started with (--set, "
+                   "--preset and --tag are refused with it)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.set_defaults(func=run)
     v = sub.add_parser("pretrain-value", help="value pretraining only; saves a value model that runs start from "
@@ -45,12 +46,18 @@ def pretrain_value(args) -> int:
 
 
 def run(args, **mode) -> int:
+    if args.resume:
+        given = [flag for flag, value in (("--preset", args.preset), ("--set", args.set), ("--tag", args.tag)) if value]
+        if given:
+            raise UserError(f"{', '.join(given)} cannot be combined with --resume: a resumed run keeps the config "
+                            f"it was started with (saved in its run dir). Fix: drop {', '.join(given)}, or start a new "
+                            "run with them (vapo-mcp train without --resume)")
     f = files(args.config, args.settings)
     try:
         view = resume_run(f, args.resume) if args.resume else \
             start_training(f, preset=args.preset, overrides=args.set, tags=args.tag, **mode).run
     except (RunError, ToolInputError) as e:
-        raise UserError(str(e)) from None
+        raise run_request_error(e) from None
     print(f"run {view.run_id}: {view.run_dir}", flush=True)
     mgr, _ = manager_for(f)
     rec = _follow(mgr, view.run_id, RunDir(view.run_dir).file(WORKER_LOG), quiet=args.json)

@@ -15,7 +15,7 @@ engine holds the GIL, so a server scrubbing a megabyte in a worker thread still 
 | `named_value_spans`   | the value of `api_key=…`, `"password": "…"`, `x-api-key: …` (8+ characters, one a digit) |
 | `bearer_value_spans`  | the credential after `Bearer `                                              |
 | `url_userinfo_spans`  | `user:pass` of `scheme://user:pass@host`                                    |
-| `bare_userinfo_spans` | `user:pass` of `user:pass@host` at the start of a word                      |
+| `bare_userinfo_spans` | `user:pass` of `user:pass@host` at the start of a word (a network host)     |
 
 Spans are `(start, end)`, ordered and non-overlapping. Whitespace runs inside a match (around `:`/`=` after a
 credential name, after `Bearer`, in `API key   provided`) count up to `MAX_GAP` characters.
@@ -69,6 +69,7 @@ _RUN_END = re.compile(r"[\s/'\"]")
 _PASSWORD_RUN = re.compile(r"[^\s/@'\"]*")
 _USER = re.compile(r"[A-Za-z0-9._~%!$&*+,;\-]+")
 _INNER_START = re.compile(r"[(<=]")
+_HOST_RUN = re.compile(r"[A-Za-z0-9.\-]*")
 
 
 def scan(pattern: re.Pattern, text: str, pos: int = 0, stop: int | None = None, *, reach: int,
@@ -170,10 +171,13 @@ def _scheme_starts(text: str, start: int, run: str) -> bool:
 
 def bare_userinfo_spans(text: str) -> list[Span]:
     """`user:password` before `@host`, pasted without a scheme, at the start of a word (after a space, a quote,
-    `(`, `<` or `=`)."""
+    `(`, `<` or `=`), where the host is a network host (`_network_host`): `builtin:chain@v9` is a model's
+    name, not a credential."""
     n, rev, out = len(text), text[::-1], []
     for m in scan(_AT_REVERSED, rev, reach=0, cut=_RUN_END):
         at = n - 1 - m.start()
+        if not _network_host(text, at + 1):
+            continue
         a = at - (_PASSWORD_RUN.match(rev, m.end()).end() - m.end())
         if (a == 0 or text[a - 1] not in "/@") and _userinfo_at(text, a, at):
             out.append((a, at))
@@ -183,6 +187,21 @@ def bare_userinfo_spans(text: str) -> list[Span]:
                 out.append((c.end(), at))
                 break
     return out[::-1]
+
+
+def _network_host(text: str, start: int) -> bool:
+    """Whether the host that starts at text[start] is one a connection string names: followed by a port
+    (`:5432`) or a path (`/`), `localhost`, an IPv4 address, or a dotted name whose last label has a letter
+    (`db.local`, `gw.example.com`). A name with a version or a tag after `@` (`v9`, `planted-stop`, `v1.2`) is
+    not. Reads the host's run once (it holds no `@`, so the runs of successive `@`s do not overlap)."""
+    end = _HOST_RUN.match(text, start).end()
+    host, after = text[start:end].strip("."), text[end:end + 2]
+    if after[:1] == "/" or (after[:1] == ":" and after[1:2].isdigit()) or host.lower() == "localhost":
+        return True
+    labels = host.split(".")
+    if len(labels) < 2:
+        return False
+    return any(c.isalpha() for c in labels[-1]) or (len(labels) == 4 and all(x.isdigit() for x in labels))
 
 
 def _userinfo_at(text: str, s: int, at: int) -> bool:

@@ -42,6 +42,8 @@ class ConfigError(UserError):
     issues: list[ConfigIssue] = field(default_factory=list)
 
     def __str__(self) -> str:
+        if len(self.issues) == 1:  # one line, as a terminal shows it best
+            return f"configuration error: {self.issues[0]}"
         head = f"{len(self.issues)} configuration error(s):" if len(self.issues) > 1 else "configuration error:"
         return "\n".join([head, *(f"  - {i}" for i in self.issues)])
 

@@ -15,6 +15,7 @@ import tomllib
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue, FieldProblem
+from .fixes import expected_shape, shape_fix
 from .secrets import redact, redact_tokens, safe_override
 from .settings_model import Settings
 from .train_model import DEFER_CROSS_CHECKS, TrainConfig
@@ -28,11 +29,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     overrides (TOML values, dotted keys): later wins. `defer_cross_checks`: cross-field problems do not raise
     (the caller lists them with `TrainConfig.cross_check_problems`)."""
     path = Path(path)
-    raw = _read(path, _parse_toml)
+    raw = _read(path, _parse_toml, "--config", "config.toml")
     layer = None
     if preset:
         ppath = preset_path(preset)
-        layer = (str(ppath), _read(ppath, _parse_toml))
+        layer = (str(ppath), _read(ppath, _parse_toml, "--preset"))
         raw = _merge(raw, layer[1])
     over = parse_overrides(overrides)
     return validate(TrainConfig, _merge(raw, over), str(path), over, preset=layer,
@@ -51,6 +52,8 @@ def preset_path(preset: str) -> Path:
         return p
     if preset in preset_names():
         return PRESETS_DIR / f"{preset}.toml"
+    if p.suffix == ".toml":  # meant as a file (other strings never touch the disk: tools.access.preset_for)
+        _read(p, _parse_toml, "--preset")  # raises: not found, or a folder
     raise ConfigError([ConfigIssue("--preset", preset, "unknown preset", "use one of "
                                    f"{', '.join(preset_names())} or a path to a .toml file")])
 
@@ -58,13 +61,21 @@ def preset_path(preset: str) -> Path:
 def load_settings(path: str | Path) -> Settings:
     """Read and validate settings.json."""
     path = Path(path)
-    return validate(Settings, _read(path, _parse_json), str(path), {})
+    return validate(Settings, _read(path, _parse_json, "--settings", "settings.json"), str(path), {})
 
 
-def _read(path: Path, parse) -> dict:
+def _read(path: Path, parse, flag: str, shipped: str | None = None) -> dict:
+    """The parsed file; a missing file or a folder is one issue naming the path, the flag and the fix."""
+    if path.is_dir():
+        inside = f" (e.g. {flag} {path / shipped})" if shipped else ""
+        raise ConfigError([ConfigIssue(str(path), "", "is a folder, not a file",
+                                       f"pass the file itself with {flag}{inside}")])
     if not path.is_file():
-        raise ConfigError([ConfigIssue(str(path), "", "file not found", "create it (the repository ships a "
-                                       f"commented {path.name}) or pass the right path")])
+        fix = (f"create it (copy the commented {shipped} the repository ships) or pass an existing file with {flag}"
+               if shipped else f"pass an existing .toml file of overrides or a built-in preset name "
+               f"({', '.join(preset_names())}) with {flag}")
+        raise ConfigError([ConfigIssue(str(path), "", ("preset " if flag == "--preset" else "") + "file not found",
+                                       fix)])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -179,6 +190,11 @@ def _issue(model: type[BaseModel], err: dict, where) -> ConfigIssue:
         return _unknown_key(model, loc, src)
     if err["type"] == "missing":
         return ConfigIssue(src, key, "required key is missing", f"add {key}")
+    items = [i for i, p in enumerate(err["loc"]) if isinstance(p, int)]
+    if items:  # an element of a list: `rollout.urls[0]`, checked against the list's field
+        loc = [str(p) for p in err["loc"][:items[0]]]
+        key = ".".join(loc) + "".join(f"[{p}]" for p in err["loc"][items[0]:] if isinstance(p, int))
+        src = where(loc)
     field = _field(model, loc)
     shown = redact_tokens(json.dumps(err.get("input"), default=str))  # a pasted token must not reach the message
     if any(w in loc[-1].lower() for w in ("key", "token", "secret", "header")):
@@ -186,9 +202,17 @@ def _issue(model: type[BaseModel], err: dict, where) -> ConfigIssue:
     allowed = _allowed(field, err)
     default = "" if field is None or field.default is None or callable(field.default_factory) \
         else f" (default {json.dumps(field.default, default=str)})"
-    msg = f"value {shown} is invalid" + ("" if "expected" in (err.get("ctx") or {}) else f": {err['msg'].lower()}")
+    shape = expected_shape(err["type"])
+    msg = f"value {shown} is invalid" + ("" if "expected" in (err.get("ctx") or {}) else
+                                         f": expected {shape}" if shape else f": {err['msg'].lower()}")
+    given = err.get("input") if shown == json.dumps(err.get("input"), default=str) else shown
+    nested = _model_at(model, loc)
+    fix = shape_fix(key, err["type"], given, from_set=src == "--set", allowed=allowed,
+                    default=None if field is None or callable(field.default_factory) else field.default,
+                    table_keys=list(nested.model_fields) if nested else ())
     return ConfigIssue(src, key, msg + (f"; allowed: {allowed}" if allowed else ""),
-                       f"set {key} to {allowed or 'a valid value'}{default}")
+                       (fix + default if fix and default and "e.g." not in fix else fix)
+                       or f"set {key} to {allowed or 'a valid value'}{default}")
 
 
 def _source(file: str, overrides: dict, loc: list[str], preset: tuple[str, dict] | None = None) -> str:

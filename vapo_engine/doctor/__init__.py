@@ -81,6 +81,12 @@ def config_findings(cfg) -> list[Finding]:
 def _sized(cfg, host: Host, log_dir: Path) -> list[Finding]:
     """Memory and disk from the model's parameter counts (config.json of the model directory, no weights)."""
     folder = model_dir(cfg)
+    if cfg.model.local_path and folder is not None and not folder.is_dir():
+        what = "is a file, not a model directory" if folder.exists() else "does not exist"
+        return [error("memory", f"model.local_path {folder} {what}: the model cannot be loaded",
+                      "point model.local_path at a Hugging Face model directory (one with config.json, saved with "
+                      "save_pretrained or downloaded with `huggingface-cli download MODEL --local-dir DIR`), or "
+                      "remove it to use model.name")]
     if folder is None or not (folder / "config.json").is_file():
         where = f"model.local_path {folder}" if cfg.model.local_path else "the built-in model"
         sev = error if cfg.model.local_path else warning

@@ -44,6 +44,10 @@ class RunError(UserError):
     """A request the caller can fix (unknown run id, wrong state), with the fix in the message."""
 
 
+LIST_HINT = "(list_runs shows all)"
+"""How an unknown run id's message says where the ids are (a front-end names its own way: the CLI's `runs list`)."""
+
+
 class RunManager:
     def __init__(self, root: str | Path, max_concurrent: int | None = None, *, settings_path: Path | None = None,
                  max_queued: int | None = None):
@@ -137,7 +141,7 @@ class RunManager:
         rec = self.registry.get(run_id) if run_id else None
         if rec is None:
             known = ", ".join(r.run_id for r in self.registry.list(limit=5)) or "none yet"
-            raise RunError(f"unknown run id {run_id!r}; recent runs: {known} (list_runs shows all)")
+            raise RunError(f"unknown run id {run_id!r}; recent runs: {known} {LIST_HINT}")
         return rec
 
     def stop(self, run_id: str, *, force: bool = False) -> RunRecord:

@@ -8,7 +8,8 @@ Two layers:
   prints "the first 20 characters of your key" leaks nothing. Shorter secrets are replaced when whole.
 - **Credential-shaped text** with no known value: `Bearer …`, well-known prefixes (`sk-…`, `hf_…`, `AIza…`),
   `name: value` / `name=value` pairs whose name says credential (`"api_key": "…"`, `x-api-key: …`, `?key=…`,
-  `Authorization: Basic …`, `API key provided: …`) and URL credentials (`user:pass@`).
+  `Authorization: Basic …`, `API key provided: …`) and URL credentials (`scheme://user:pass@host`, or
+  `user:pass@host` with a network host: a model name such as `builtin:chain@v9` stays as it is).
 
 `guard_logs` puts the same scrubbing on the records of the HTTP libraries (httpx/httpcore log response
 headers at DEBUG, reason phrases at INFO) and of this package, for every key a client was built with.

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
+from .listen import bind_listen_socket
 from .options import ServeOptions
 from .security import TOKEN_ENV, allowed_host_names, check_bind
 from .source import ModelSource, resolve_source
@@ -69,15 +69,7 @@ def run(opts: ServeOptions) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = os.environ.get(TOKEN_ENV) or None
     p = prepare(opts, token)
-    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((opts.host, opts.port))
-    except OSError as e:
-        from vapo_engine.errors import UserError
-        raise UserError(f"cannot listen on {opts.host}:{opts.port} ({e.strerror}); pick another --port "
-                        "(0 = any free one)") from None
+    sock = bind_listen_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     shown = f"[{opts.host}]" if ":" in opts.host else opts.host
     print(banner(p, f"http://{shown}:{port}", bool(token)), file=sys.stderr, flush=True)

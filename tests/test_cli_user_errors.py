@@ -1,0 +1,151 @@
+"""User mistakes at the `vapo-mcp` command line: each is one clear message naming the path, flag or run id and
+the fix, exit code 2, no traceback (in-process `main`, like tests/test_channel_cli.py; no run is trained)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import write_workspace
+
+from server.cli import main
+
+
+@pytest.fixture
+def ws(tmp_path, clean_env) -> list[str]:
+    """--config/--settings of a temp workspace whose runs go to tmp_path/logs."""
+    config, settings = write_workspace(tmp_path)
+    return ["--config", str(config), "--settings", str(settings)]
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def _add_run(ws: list[str], run_id: str, state: str = "failed") -> None:
+    """A registered run that never trained (no metrics, no log): the state a queued or crashed run is in."""
+    from vapo_engine.config import load_config, load_settings
+    from vapo_engine.jobs import RunManager, State
+    from vapo_engine.runs import create_run, runs_root
+    config, settings_path = Path(ws[1]), Path(ws[3])
+    settings = load_settings(settings_path)
+    root = runs_root(settings, settings_path)
+    mgr = RunManager(root)
+    run_dir = create_run(load_config(config), settings, root, run_id=run_id).run_dir
+    mgr.registry.add(run_id, "exp", [], run_dir)
+    mgr.registry.transition(run_id, State(state), "test: never trained")
+
+
+# --- missing files ------------------------------------------------------------------------------------------
+
+def test_a_missing_config_file_is_one_line_naming_it_and_the_fix(capsys, ws, tmp_path):
+    missing = tmp_path / "nope.toml"
+    code, _, err = cli(capsys, "train", "--config", missing, "--settings", ws[3])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert str(missing) in err and "file not found" in err and "--config" in err and "config.toml" in err
+
+
+def test_a_missing_preset_file_names_it_and_the_presets(capsys, ws, tmp_path):
+    missing = tmp_path / "mine.toml"
+    code, _, err = cli(capsys, "train", *ws, "--preset", missing)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert str(missing) in err and "preset file not found" in err and "cpu-demo" in err and "--preset" in err
+
+
+def test_a_folder_as_config_says_so_and_names_the_file_inside(capsys, ws, tmp_path):
+    code, out, _ = cli(capsys, "doctor", "--config", tmp_path, "--settings", ws[3])  # a finding, on stdout
+    assert code == 2 and "is a folder, not a file" in out and str(tmp_path / "config.toml") in out
+    code, _, err = cli(capsys, "train", "--config", tmp_path, "--settings", ws[3])
+    assert code == 2 and "is a folder, not a file" in err and len(err.strip().splitlines()) == 1
+
+
+# --- runs, report -------------------------------------------------------------------------------------------
+
+def test_runs_list_with_no_runs_says_so(capsys, ws):
+    code, out, _ = cli(capsys, "runs", "list", *ws)
+    assert code == 0 and "no runs yet" in out and "vapo-mcp train" in out
+
+
+def test_runs_list_filters_by_state_and_limits(capsys, ws):
+    _add_run(ws, "r-failed", "failed")
+    _add_run(ws, "r-stopped", "stopped")
+    code, out, _ = cli(capsys, "runs", "list", *ws, "--state", "failed")
+    assert code == 0 and "r-failed" in out and "r-stopped" not in out
+    code, out, _ = cli(capsys, "runs", "list", *ws, "--state", "running")
+    assert code == 0 and "no runs match --state running" in out
+    code, out, _ = cli(capsys, "runs", "list", *ws, "--limit", "1")
+    assert code == 0 and len(out.strip().splitlines()) == 1
+    code, _, err = cli(capsys, "runs", "list", *ws, "--state", "bogus")
+    assert code == 2 and "invalid choice" in err
+    code, _, err = cli(capsys, "runs", "list", *ws, "--limit", "0")
+    assert code == 2 and "out of range" in err
+
+
+@pytest.mark.parametrize("argv", [["runs", "status"], ["runs", "stop"], ["runs", "resume"], ["report"],
+                                  ["train", "--resume"]])
+def test_an_unknown_run_id_names_runs_list(capsys, ws, argv):
+    code, _, err = cli(capsys, *argv, "no-such-run", *ws)
+    assert code == 2 and "unknown run id 'no-such-run'" in err and "vapo-mcp runs list" in err
+    assert "list_runs" not in err
+
+
+def test_report_of_a_run_without_steps_says_so(capsys, ws):
+    _add_run(ws, "r-empty")
+    code, out, _ = cli(capsys, "report", "r-empty", *ws)
+    assert code == 0 and "no training steps yet" in out
+    assert "0.000" not in out and "step 0" not in out
+
+
+# --- train --resume -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, named", [(["--set", "vapo.alpha=0.5"], "--set"), (["--preset", "cpu-demo"], "--preset"),
+                                          (["--tag", "x"], "--tag")])
+def test_resume_refuses_set_preset_and_tag(capsys, ws, extra, named):
+    _add_run(ws, "r-stopped", "stopped")
+    code, _, err = cli(capsys, "train", *ws, "--resume", "r-stopped", *extra)
+    assert code == 2 and named in err and "--resume" in err and "keeps the config" in err
+
+
+# --- diagnose, data, command groups -------------------------------------------------------------------------
+
+def test_diagnose_code_with_a_missing_path(capsys, ws, tmp_path):
+    code, _, err = cli(capsys, "diagnose", "--code", tmp_path / "nope", *ws)
+    assert code == 2 and str(tmp_path / "nope") in err and "code path not found" in err
+
+
+def test_data_dir_that_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv in (["data", "list"], ["data", "fetch", "math500"]):
+        code, _, err = cli(capsys, *argv, "--data-dir", afile)
+        assert code == 2 and f"--data-dir {afile}: not a folder" in err
+
+
+@pytest.mark.parametrize("group, subcommands", [("runs", ["list", "status", "stop", "resume"]),
+                                                ("config", ["check"]), ("data", ["list", "fetch"])])
+def test_a_command_group_alone_prints_its_subcommands(capsys, group, subcommands):
+    code, out, err = cli(capsys, group)
+    assert code == 2 and f"usage: vapo-mcp {group}" in out and all(s in out for s in subcommands)
+    assert "error" not in out + err
+
+
+def test_ablate_help_explains_the_arms_with_an_example(capsys):
+    code, out, _ = cli(capsys, "ablate", "--help")
+    assert code == 0 and "--variants no_decoupled_gae" in out and "space-separated" in out
+    from vapo_engine.variants import VARIANTS
+    assert all(f"  {name} " in out for name in VARIANTS)
+
+
+def test_eval_help_says_which_flags_apply_to_which_backend(capsys):
+    code, out, _ = cli(capsys, "eval", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    for phrase in ("--step STEP with --run, local only", "--concurrency CONCURRENCY with --channel",
+                   "--device {auto,cpu,cuda} local models only", "--model MODEL with --channel",
+                   "0 = greedy only", "falling back to models.fallback"):
+        assert phrase in text, phrase
