@@ -221,9 +221,12 @@ def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
     return _view(views.of(views.manager.stop(run_id, force=force)))
 
 
-def resume_run(f: Files, run_id: str) -> RunView:
+def resume_run(f: Files, run_id: str, *, trust_run_config: bool = False) -> RunView:
     """Resume a run; its frozen config.json is checked like a new run's first (a run directory is data: a
-    planted config may not move the rendezvous, nor — for a remote caller — name paths outside the roots)."""
+    planted config may not move the rendezvous, the rollout replicas or the metric tracker, nor — for a remote
+    caller — name paths outside the roots). From the CLI the same rules as a local tool call's apply, since
+    whoever can write the run directory wrote that file; `trust_run_config` (the CLI's --trust-run-config, never a
+    tool call's) skips them for a config the user set up that way on purpose."""
     views = views_for(f)
     frozen = views.get(run_id).rundir.read_json(CONFIG_JSON)
     if frozen is None:
@@ -235,5 +238,13 @@ def resume_run(f: Files, run_id: str) -> RunView:
         raise ToolInputError(f"run {run_id}'s config.json does not validate ({e.error_count()} error(s), first at "
                              f"{'.'.join(map(str, e.errors()[0]['loc']))}); it cannot be resumed: start_training "
                              "again") from None
-    access.check_config(f, cfg)
+    policy = access.current()
+    if policy.is_tool_call or not trust_run_config:
+        try:
+            access.check_config(f, cfg, policy if policy.is_tool_call else access.Policy("stdio"))
+        except ToolInputError as e:
+            hint = ("" if policy.is_tool_call else f". If you set this yourself (vapo-mcp train --set …) and trust the "
+                    f"run directory, resume with: vapo-mcp runs resume {run_id} --trust-run-config")
+            raise ToolInputError(f"run {run_id}'s config.json (a run directory is data, checked like a tool call's "
+                                 f"config) is refused: {e}{hint}") from None
     return _view(views.of(views.manager.resume(run_id)))
