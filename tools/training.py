@@ -12,6 +12,7 @@ from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
+from vapo_engine.providers.redaction import scrub_model
 from vapo_engine.rundir import CONFIG_JSON
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.sinks import sink_factories
@@ -20,7 +21,7 @@ from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
 from . import access
 from .doctor import doctor, refuse_on_error
-from .paths import Files, ToolInputError, manager_for
+from .paths import Files, ToolInputError, known_secrets, manager_for
 
 
 class RunView(BaseModel):
@@ -212,8 +213,9 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
         view = view.model_copy(update={"message": servers[:300]})
         nxt = [*nxt, ("start the inference servers at rollout.urls (vapo-mcp serve-model MODEL --port PORT "
                       "--weight-root DIR, or vLLM / SGLang): the run goes on by itself once one answers")]
-    return RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
-                     next_steps=nxt, skipped=views.skipped())
+    status = RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
+                       next_steps=nxt, skipped=views.skipped())
+    return scrub_model(status, known_secrets(f))  # the log and the run files may hold the key or any credential
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
