@@ -155,7 +155,7 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
                       preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
-                      secrets=[channel.key])
+                      secrets=channel.secrets())
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
     return StartResult(run=_view(RunViews(mgr).of(rec)),

@@ -153,7 +153,7 @@ class ProviderSamples:
     def _write_state(self, **fields) -> None:
         """provider.json: `down` (why the provider is no longer used, once it is) and `final` (the run's provider
         totals when the worker stopped, including answers that landed after the last logged step)."""
-        key = [self.worker.channel.key] if self.worker.channel.key else []
+        key = self.worker.channel.secrets()
         state = self.rd.read_json(STATE) or {}
         self.rd.write_json(STATE, scrub_obj({**state, **fields}, key))
 
