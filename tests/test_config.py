@@ -274,3 +274,11 @@ def test_sampling_settings_that_make_ratios_approximate_warn():
     assert "model.top_p" not in keys(load_config(ROOT / "config.toml", preset="cpu-demo"))
     greedy = keys(load_config(ROOT / "config.toml", ["model.temperature=0"]))
     assert "greedy" in greedy["model.temperature"].message and "model.top_p" not in greedy
+
+
+@pytest.mark.parametrize("key", ["model.temperature", "provider_rollouts.temperature"])
+def test_a_numerically_unsafe_temperature_is_a_config_error_naming_the_field(key):
+    issue = _issue(load_config, ROOT / "config.toml", [f"{key}=1e-7"])
+    assert issue.key == key and "numerically unsafe" in issue.message and "use 0 for greedy" in issue.fix, issue
+    for ok in ("0", "1e-5", "1.0"):
+        load_config(ROOT / "config.toml", [f"{key}={ok}"])
