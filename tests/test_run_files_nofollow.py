@@ -246,3 +246,18 @@ def test_a_supervisor_refuses_a_worker_log_that_is_a_link(tmp_path, victim):
     rec = reg.get("w")
     assert rec.state is State.FAILED and "cannot write" in rec.message and "worker.log" in rec.message
     assert victim.read_text().startswith("VICTIM-CONTENT")
+
+
+def test_checkpoint_verification_does_not_block_on_a_fifo(tmp_path, model_dir):
+    """A FIFO named like a weights file in a checkpoint folder (resume_run and diagnose_error verify checkpoints)
+    makes the checkpoint unusable instead of hanging the caller."""
+    import shutil
+
+    from vapo_engine.rundir import verify_checkpoint, write_manifest
+    ckpt = tmp_path / "step-0000002"
+    shutil.copytree(model_dir, ckpt / "policy")
+    write_manifest(ckpt, 2)
+    assert verify_checkpoint(ckpt) is None
+    _fifo(ckpt / "policy" / "extra.safetensors")
+    why = _within(10, lambda: verify_checkpoint(ckpt))
+    assert why and "extra.safetensors" in why, why

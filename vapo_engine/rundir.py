@@ -252,7 +252,7 @@ def verify_checkpoint(folder: Path) -> str | None:
 
 def _verify(folder: Path) -> str | None:
     try:
-        manifest = json.loads((folder / DONE).read_text(encoding="utf-8"))
+        manifest = json.loads(datafiles.read_text(folder / DONE))
     except (OSError, ValueError, RecursionError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
@@ -285,7 +285,7 @@ def safetensors_problem(path: Path) -> str | None:
     """None when the file's header parses and its size matches the tensors it declares."""
     try:
         size = path.stat().st_size
-        with path.open("rb") as f:
+        with datafiles.open_read(path) as f:  # a FIFO named *.safetensors must not block the caller
             raw = f.read(8)
             if len(raw) < 8:
                 return "truncated (no header)"
@@ -339,7 +339,7 @@ def step_of(p: Path) -> int | None:
 
 def _sha256(p: Path) -> str:
     h = hashlib.sha256()
-    with p.open("rb") as f:
+    with datafiles.open_read(p) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
