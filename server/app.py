@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Literal
 
 import anyio
@@ -29,6 +28,7 @@ from tools import doctor as doctor_tools
 from tools import evaluate as evaluate_tools
 from tools import report as report_tools
 from tools.paths import files, manager_for
+from vapo_engine.datafiles import read_bytes
 from vapo_engine.metrics import CATALOGUE
 from vapo_engine.variants import VARIANTS
 
@@ -272,9 +272,12 @@ def _doctor_tool(mcp: MCPServer) -> None:
 def _with_image(rep: Report, png: str | None) -> CallToolResult:
     data = rep.model_dump(mode="json")
     content = [TextContent(type="text", text=json.dumps(data))]
-    if png and Path(png).is_file():
-        content.append(ImageContent(type="image", mime_type="image/png",
-                                    data=base64.b64encode(Path(png).read_bytes()).decode()))
+    try:
+        data_png = read_bytes(png) if png else None  # a regular file only: never a link or FIFO planted there
+    except OSError:
+        data_png = None
+    if data_png:
+        content.append(ImageContent(type="image", mime_type="image/png", data=base64.b64encode(data_png).decode()))
     return CallToolResult(content=content, structured_content=data)
 
 

@@ -280,3 +280,58 @@ def test_credentials_in_base_url_are_never_shown():
 def test_contains_answer(text, expected, ok):
     from tools.smoke import contains_answer
     assert contains_answer(text, expected) is ok
+
+
+# --- credentials besides the key: base-URL user:password@, credential-named default headers ----------------------
+HEADER_KEY, URL_PASSWORD = "xkheadervaluesecretonlyletters", "hunter2secret"
+HEADERS = {"Content-Type": "application/json", "X-Api-Key": HEADER_KEY}
+
+
+def test_a_base_url_with_credentials_and_a_key_is_refused_before_any_request(fake):
+    """user:password@ in the base URL makes httpx send Basic auth, which would silently replace the Bearer key:
+    with a key configured the channel is refused with the fix, and nothing is sent."""
+    from vapo_engine.providers import BaseURLError, ProviderClient
+    url = fake.base_url.replace("http://", f"http://bob:{URL_PASSWORD}@")
+    r = check(url)
+    out = r.model_dump_json()
+    assert not r.ok and "user:password@" in r.summary and "Bearer key" in r.summary, r.summary
+    assert r.fix and "remove user:password@ from api.base_url" in r.fix and URL_PASSWORD not in out
+    s = smoke(url)
+    assert not s.passed and URL_PASSWORD not in s.model_dump_json()
+    with pytest.raises(BaseURLError, match="Basic credentials would silently replace the Bearer key") as e:
+        ProviderClient.from_channel(make_channel(url))
+    assert URL_PASSWORD not in str(e.value)
+    assert fake.requests == []
+
+
+def test_base_url_credentials_without_a_key_are_sent_and_never_shown():
+    """Without a key the URL's credentials are the channel's authentication (Basic): used, and scrubbed from
+    everything even when the server echoes the password alone."""
+    with FakeOpenAI(key=None) as srv:
+        for route in ("GET /v1/models", CHAT):
+            srv.script(route, *[Reply.error(403, f"user bob with password {URL_PASSWORD} may not do this")] * 6)
+        r = check(srv.base_url.replace("http://", f"http://bob:{URL_PASSWORD}@"), key=None)
+        assert srv.requests and all(q.headers["authorization"].startswith("Basic ") for q in srv.requests)
+    out = r.model_dump_json()
+    assert r.http_code == "403" and "may not do this" in out and URL_PASSWORD not in out, out
+
+
+def test_a_credential_header_value_is_scrubbed_from_every_output():
+    """A default header such as X-Api-Key carries a key too: an error body or answer that echoes its value
+    (here one without a digit, so no pattern would catch it) is scrubbed from check_channel and smoke_test."""
+    with FakeOpenAI(key=None, answers={"qwen-32b": f"80 km/h. Your header was {HEADER_KEY}"}) as srv:
+        srv.script("GET /v1/models", *[Reply.error(403, f"x-api-key {HEADER_KEY} is not allowed here")] * 3)
+        r = check(srv.base_url, key=None, headers=HEADERS)
+        s = smoke_test_sync(make_channel(srv.base_url, None, headers=HEADERS), policy=fast_policy(), env={})
+        assert all(q.headers.get("x-api-key") == HEADER_KEY for q in srv.requests)
+    assert "is not allowed here" in r.model_dump_json() and HEADER_KEY not in r.model_dump_json()
+    assert s.passed and HEADER_KEY not in s.model_dump_json()
+
+
+def test_channel_secrets_lists_what_no_output_may_show():
+    ch = make_channel(f"https://bob:{URL_PASSWORD}@api.example.com/v1",
+                      headers={**HEADERS, "X-Auth-Token": "tok-123456", "Accept": "application/json-long-value",
+                               "Api-Key": "short"})
+    assert set(ch.secrets()[1:]) == {HEADER_KEY, "tok-123456", URL_PASSWORD}  # not Accept, not a 5-char value
+    token_only = make_channel("https://sk-abcdefghijklmnop1234@api.example.com/v1", key=None)
+    assert token_only.secrets() == ["sk-abcdefghijklmnop1234"]

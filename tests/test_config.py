@@ -302,3 +302,11 @@ def test_a_shape_fix_in_the_file_is_written_as_a_toml_line(project):
     fixes = {i.key: i.fix for i in ei.value.issues}
     assert "a [eval] section with one `key = value` line per key (keys: benchmark" in fixes["eval"]
     assert fixes["rollout.urls[0]"] == 'write rollout.urls as a list of quoted strings, e.g. urls = ["5"] under [rollout]'
+
+
+@pytest.mark.parametrize("key", ["model.temperature", "provider_rollouts.temperature"])
+def test_a_numerically_unsafe_temperature_is_a_config_error_naming_the_field(key):
+    issue = _issue(load_config, ROOT / "config.toml", [f"{key}=1e-7"])
+    assert issue.key == key and "numerically unsafe" in issue.message and "use 0 for greedy" in issue.fix, issue
+    for ok in ("0", "1e-5", "1.0"):
+        load_config(ROOT / "config.toml", [f"{key}={ok}"])

@@ -51,7 +51,8 @@ def test_generate_answers_ids_log_probs_and_version(server):
     ({"temperature": None}, "temperature", 400), ({"top_k": None}, "top_k", 400), ({"top_p": 0}, "top_p", 400),
     ({"prompt_ids": [5, 10**6]}, "prompt_ids", 400), ({"prompt_ids": []}, "prompt_ids", 400),
     ({"n": 0}, "n", 400), ({"max_tokens": 10**6}, "max_tokens", 400), ({"stop_token_ids": []}, "stop_token_ids", 400),
-    ({"model": "other"}, "model", 404), ({"seed": "x"}, "seed", 400),
+    ({"model": "other"}, "model", 404), ({"seed": "x"}, "seed", 400), ({"temperature": 1e-300}, "temperature", 400),
+    ({"temperature": 5e-6}, "temperature", 400),
 ])
 def test_bad_generate_requests_get_clear_errors(server, over, param, status):
     s, _ = server

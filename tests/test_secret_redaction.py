@@ -203,3 +203,30 @@ def test_a_model_name_with_an_at_tag_is_not_taken_for_url_credentials(name):
 ])
 def test_real_url_credentials_are_still_masked(raw, shown):
     assert scrub(raw) == shown
+
+
+@pytest.mark.anyio
+async def test_run_status_scrubs_the_log_tail(proj, capsys):
+    """A worker log can hold the key (a provider echoing it, a traceback with headers): run_status — the tool and
+    `vapo-mcp runs status` — returns it scrubbed, like the vapo://runs resources."""
+    from mcp import Client
+
+    from server.app import build_server
+    from tests.fake_openai import CANARY
+    from tests.mcp_helpers import slot_held, text
+    from tools import training
+    from tools.paths import files
+    other = "sk-proj-Q9w8E7r6T5y4U3i2O1p0A9s8D7f6"
+    with slot_held(proj / "logs"):
+        rid = training.start_training(files(), preset="cpu-demo").run.run_id
+        rd = training.views_for(files()).get(rid).rundir
+        rd.file("worker.log").write_text(f"step 1\nError code: 401 - Incorrect API key {CANARY}\n"
+                                         f"Authorization: Bearer {other}\nproxy https://bob:hunter22pass@proxy.lan:3128\n")
+        async with Client(build_server()) as c:
+            res = await c.call_tool("run_status", {"run_id": rid, "log_lines": 10})
+        out = text(res) + json.dumps(res.structured_content)
+        assert not res.is_error and "Incorrect API key" in out and "step 1" in out, out
+        assert CANARY not in out and other not in out and "hunter22pass" not in out, out
+        assert main(["runs", "status", rid]) == 0
+        printed = capsys.readouterr().out
+        assert "Incorrect API key" in printed and CANARY not in printed and other not in printed

@@ -236,3 +236,21 @@ def test_a_chat_template_is_used_when_the_tokenizer_has_one(model_dir, tmp_path)
         assert r.status_code == 200 and s.prepared.served.has_template
         assert r.json()["usage"]["prompt_tokens"] == len(expected)  # one token per character, no BOS added
         assert s.prepared.served.prompt_ids(msgs) == s.prepared.served.encode(expected, special=False)
+
+
+def test_unsafe_temperatures_and_non_string_text_parts_are_400s(served):
+    """A temperature in (0, 1e-5) would overflow logits / t (the model failed with a 500): a 400 naming it, while 0
+    (greedy) and 1e-5 still answer; a text part whose text is not a string is a 400 naming the part, not a silent
+    str() of it."""
+    for t in (1e-300, 1e-7, 9.99e-6):
+        msg = _error(chat(served, "1+1=", temperature=t), 400, "temperature")
+        assert "numerically unsafe" in msg and "use 0 for greedy" in msg, msg
+    for t in (0, 1e-5):
+        assert chat(served, "1+1=", temperature=t).status_code == 200
+    for text in (5, {"a": 1}, ["x"], True):
+        parts = [{"type": "text", "text": "1+1="}, {"type": "text", "text": text}]
+        msg = _error(chat(served, "", messages=[{"role": "user", "content": parts}]), 400,
+                     "messages[0].content[1].text")
+        assert "must be a string" in msg
+    ok = chat(served, "", messages=[{"role": "user", "content": [{"type": "text", "text": "1+1="}, {"type": "text"}]}])
+    assert ok.status_code == 200

@@ -6,7 +6,9 @@ Three callers reach the tools, and they are trusted differently:
   can read, any config override (including where a multi-node run listens).
 - **A stdio MCP client** is the local user's coding agent: it may name any file the user can read, but a tool
   call may not change where a run listens or how many nodes join (`distributed.nnodes`, `node_rank`,
-  `rdzv_endpoint` come from config.toml or the CLI only), because a rendezvous that accepts a peer is a way in.
+  `rdzv_endpoint` come from config.toml or the CLI only), because a rendezvous that accepts a peer is a way in;
+  nor where rollouts are sampled (`rollout.urls`, `rollout.token_env`) or where a metric sink sends the run
+  (`logging.mlflow_tracking_uri`: the tracker gets the metrics and the environment's tracker credentials).
 - **An HTTP MCP client with the bearer token** is a remote agent that may be prompt-injected. On top of the
   stdio rules, every path it names — `diagnose_error(log_path, code_path)`, a `preset` .toml, the path-valued
   config keys (`model.local_path`, `model.value_path`, `data.data_dir`, a JSONL `data.train` /
@@ -42,6 +44,9 @@ TRANSPORTS = ("cli", "stdio", "http")
 LISTENER_KEYS = ("nnodes", "node_rank", "rdzv_endpoint")
 ROLLOUT_PEER_KEYS = ("urls", "token_env")
 """[rollout] keys only config.toml or the CLI may set (the replicas receive the token)."""
+SINK_DESTINATION_KEYS = ("mlflow_tracking_uri",)
+"""[logging] keys only config.toml or the CLI may set: where a metric sink sends the run (its metrics, its config
+and the tracker credentials of the environment, MLFLOW_TRACKING_TOKEN / _USERNAME / _PASSWORD)."""
 
 
 class PathNotAllowed(ToolInputError):
@@ -169,11 +174,12 @@ def preset_for(f: Files, preset: str | None, policy: Policy | None = None) -> st
 
 def check_config(f: Files, cfg: TrainConfig, policy: Policy | None = None) -> None:
     """Refuse what a tool call may not put in a run (whatever set it: an override or a preset file): a
-    listener that differs from config.toml's own, and — for remote callers — a path outside the roots."""
+    listener, rollout replicas or metric-sink destination that differ from config.toml's own, and — for remote callers — a path outside the roots."""
     policy = policy or current()
     if policy.is_tool_call:
         _check_listener(f, cfg)
         _check_rollout_peers(f, cfg)
+        _check_sink_destinations(f, cfg)
     if policy.confines_paths:
         _check_paths(f, cfg, policy)
 
@@ -206,6 +212,19 @@ def _check_rollout_peers(f: Files, cfg: TrainConfig) -> None:
             f"rollout.{changed[0]} differs from config.toml's: a tool call may not change where rollouts are "
             "sampled or which token is sent there (rollout.urls, rollout.token_env come from config.toml or the "
             "CLI only); call again without those overrides (or preset values)")
+
+
+def _check_sink_destinations(f: Files, cfg: TrainConfig) -> None:
+    """A metric sink's destination receives the run's metrics and the tracker credentials of the environment: a
+    tool call may not point it at another host."""
+    own = load_config(f.config).logging
+    changed = [k for k in SINK_DESTINATION_KEYS if getattr(cfg.logging, k) != getattr(own, k)]
+    if changed:
+        raise ToolInputError(
+            f"logging.{changed[0]} differs from config.toml's: a tool call may not change where a metric sink sends "
+            "the run's metrics and the tracker credentials (logging.mlflow_tracking_uri comes from config.toml or "
+            f"the CLI only: vapo-mcp train --set logging.{changed[0]}=...); call again without that override (or "
+            "preset value)")
 
 
 def _check_paths(f: Files, cfg: TrainConfig, policy: Policy) -> None:

@@ -163,13 +163,13 @@ async def check_channel(channel: Channel | None = None, *, settings_path: str | 
     """Check the channel (from `channel`, or from settings/config files) and diagnose what fails."""
     channel = channel or load_channel(settings_path, config_path, env)
     await report_progress(on_progress, 0.05, "channel resolved")
+    own = client is None
     try:
         base = normalize_base_url(channel.base_url)
-    except BaseURLError:
-        return scrubbed(_unusable_url(channel, env), channel)
-    own = client is None
-    client = client or ProviderClient.from_channel(channel, base_url=base,
-                                                   **({"policy": policy} if policy else {}))
+        client = client or ProviderClient.from_channel(channel, base_url=base,
+                                                       **({"policy": policy} if policy else {}))
+    except BaseURLError as e:
+        return scrubbed(_unusable_url(channel, env, e), channel)
     try:
         return scrubbed(await _run_checks(channel, client, env, probe_chat, on_progress), channel)
     finally:
@@ -257,12 +257,13 @@ def _assemble(channel: Channel, client: ProviderClient, probes: list[Probe], ms:
         **_base_report(channel))
 
 
-def _unusable_url(channel: Channel, env) -> ChannelReport:
+def _unusable_url(channel: Channel, env, error: BaseURLError) -> ChannelReport:
     ev = Evidence(**channel_facts(channel, os.environ if env is None else env), inputs=["channel"])
     diagnosis = diagnose(ev)
     top = diagnosis.findings[0] if diagnosis.findings else None
-    return ChannelReport(ok=False, verdict="failed", summary=f"base URL unusable: {ev.url.error if ev.url else ''}",
-                         fix=top.fix if top else None, base_url=scrub(channel.base_url), diagnosis=diagnosis,
+    why = ev.url.error if ev.url and ev.url.error else None
+    return ChannelReport(ok=False, verdict="failed", summary=f"base URL unusable: {why or error.message}",
+                         fix=top.fix if top and why else error.fix, base_url=scrub(channel.base_url), diagnosis=diagnosis,
                          **_base_report(channel))
 
 

@@ -42,8 +42,10 @@ async def report_progress(cb: Progress | None, fraction: float, message: str) ->
 
 
 def scrubbed(result: R, channel: Channel) -> R:
-    """`result` with every string scrubbed of the channel key (and of credential-shaped text): the last check
+    """`result` with every string scrubbed of the channel's secrets (`Channel.secrets`: the key, credential
+    headers, base-URL credentials) and of credential-shaped text: the last check
     before a tool returns. The client already scrubs what the server sends; this also covers what was built
     from it. A "key" that is just the variable's name (a common mistake) is public and stays readable."""
     key = channel.key.reveal().strip() if channel.key else ""
-    return scrub_model(result, [channel.key] if key and key != channel.api_key_env else [])
+    others = channel.secrets()[1 if channel.key else 0:]  # credential headers, base-URL user:password@
+    return scrub_model(result, [*([channel.key] if key and key != channel.api_key_env else []), *others])

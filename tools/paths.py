@@ -52,4 +52,4 @@ def known_secrets(f: Files | None = None) -> list:
         channel, _ = resolve_channel(load_settings(f.settings), dotenv_path=f.dotenv)
     except Exception:  # noqa: BLE001 - scrubbing must never fail the error path it protects
         return []
-    return [channel.key] if channel.key else []
+    return channel.secrets()

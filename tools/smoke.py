@@ -125,7 +125,7 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
     await progress(0.05, "channel resolved")
     own = client is None
     base = {"question": question, "expected": expected, "model_requested": model, "streamed": stream}
-    secrets = [channel.key] if channel.key else []
+    secrets = channel.secrets()
     try:
         client = client or ProviderClient.from_channel(channel, **({"policy": policy} if policy else {}))
         await progress(0.15, f"asking {model}" + (" (streaming)" if stream else ""))
@@ -149,7 +149,7 @@ async def smoke_test(channel: Channel | None = None, *, settings_path: str | Pat
 
 
 def _judged(channel: Channel, r: ChatResult, base: dict) -> SmokeResult:
-    secrets = [channel.key] if channel.key else []
+    secrets = channel.secrets()
     passed, reason = judge(r, base["expected"])
     evidence = [f"HTTP {r.status} from {r.model_used}" + (f" (fallback from {r.fallback_from})"
                                                           if r.fallback_from else ""),

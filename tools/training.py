@@ -12,6 +12,7 @@ from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
+from vapo_engine.providers.redaction import scrub_model
 from vapo_engine.rundir import CONFIG_JSON
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.sinks import sink_factories
@@ -20,7 +21,7 @@ from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
 from . import access
 from .doctor import doctor, refuse_on_error
-from .paths import Files, ToolInputError, manager_for
+from .paths import Files, ToolInputError, known_secrets, manager_for
 
 
 class RunView(BaseModel):
@@ -154,7 +155,7 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
     channel, warns = resolve_channel(settings, cfg, dotenv_path=f.dotenv)
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
                       preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
-                      secrets=[channel.key])
+                      secrets=channel.secrets())
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
     return StartResult(run=_view(RunViews(mgr).of(rec)),
@@ -213,8 +214,9 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
         view = view.model_copy(update={"message": servers[:300]})
         nxt = [*nxt, ("start the inference servers at rollout.urls (vapo-mcp serve-model MODEL --port PORT "
                       "--weight-root DIR, or vLLM / SGLang): the run goes on by itself once one answers")]
-    return RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
-                     next_steps=nxt, skipped=views.skipped())
+    status = RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
+                       next_steps=nxt, skipped=views.skipped())
+    return scrub_model(status, known_secrets(f))  # the log and the run files may hold the key or any credential
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
@@ -222,9 +224,12 @@ def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:
     return _view(views.of(views.manager.stop(run_id, force=force)))
 
 
-def resume_run(f: Files, run_id: str) -> RunView:
+def resume_run(f: Files, run_id: str, *, trust_run_config: bool = False) -> RunView:
     """Resume a run; its frozen config.json is checked like a new run's first (a run directory is data: a
-    planted config may not move the rendezvous, nor — for a remote caller — name paths outside the roots)."""
+    planted config may not move the rendezvous, the rollout replicas or the metric tracker, nor — for a remote
+    caller — name paths outside the roots). From the CLI the same rules as a local tool call's apply, since
+    whoever can write the run directory wrote that file; `trust_run_config` (the CLI's --trust-run-config, never a
+    tool call's) skips them for a config the user set up that way on purpose."""
     views = views_for(f)
     frozen = views.get(run_id).rundir.read_json(CONFIG_JSON)
     if frozen is None:
@@ -236,5 +241,13 @@ def resume_run(f: Files, run_id: str) -> RunView:
         raise ToolInputError(f"run {run_id}'s config.json does not validate ({e.error_count()} error(s), first at "
                              f"{'.'.join(map(str, e.errors()[0]['loc']))}); it cannot be resumed: start_training "
                              "again") from None
-    access.check_config(f, cfg)
+    policy = access.current()
+    if policy.is_tool_call or not trust_run_config:
+        try:
+            access.check_config(f, cfg, policy if policy.is_tool_call else access.Policy("stdio"))
+        except ToolInputError as e:
+            hint = ("" if policy.is_tool_call else f". If you set this yourself (vapo-mcp train --set …) and trust the "
+                    f"run directory, resume with: vapo-mcp runs resume {run_id} --trust-run-config")
+            raise ToolInputError(f"run {run_id}'s config.json (a run directory is data, checked like a tool call's "
+                                 f"config) is refused: {e}{hint}") from None
     return _view(views.of(views.manager.resume(run_id)))

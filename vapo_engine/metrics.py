@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from .datafiles import open_read
+
 _PROVIDER: dict[str, str] = {
     "requests": "HTTP attempts sent to the provider", "ok": "answers received", "failed": "answers that failed",
     "retries": "retried attempts (429, 5xx, timeouts)", "rate_limited": "429 responses",
@@ -172,7 +174,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     out = []
     try:
-        with path.open(encoding="utf-8", errors="replace") as f:
+        with open_read(path, text=True, errors="replace") as f:  # a symlink or FIFO: refused, reads as empty
             for line in f:
                 try:
                     rec = json.loads(line)
@@ -195,7 +197,7 @@ def latest(path: str | Path, kinds: tuple[str, ...] = ("train", "eval")) -> dict
     last few records cost (a kind that never occurs costs a scan of the bytes, no parsing). Cached by the
     file's identity and size; an unreadable file has no records."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return {}
     ident = (st.st_ino, st.st_size, st.st_mtime_ns, kinds)
@@ -215,7 +217,7 @@ def latest(path: str | Path, kinds: tuple[str, ...] = ("train", "eval")) -> dict
 def _scan_back(path: Path, size: int, kinds: tuple[str, ...]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     tail, pos = b"", size
-    with path.open("rb") as f:
+    with open_read(path) as f:
         while pos > 0 and len(found) < len(kinds):
             start = max(0, pos - TAIL_CHUNK)
             f.seek(start)

@@ -2,7 +2,10 @@
 the tracker sinks (vapo_engine/sinks) draw the same plot of a run."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
+
+from .datafiles import write_atomic
 
 PANELS = (("rollout/reward_mean", "eval/greedy_accuracy"), ("rollout/response_length",),
           ("critic/explained_var", "critic/value_loss"), ("vapo/lambda_policy_mean", "actor/entropy"))
@@ -16,11 +19,19 @@ def pyplot():
     return plt
 
 
-def save(fig, out: Path, dpi: int = 80) -> Path:
-    """Lay out, write and close a figure."""
+def save(fig, out, dpi: int = 80):
+    """Lay out, write and close a figure: into `out` when it is a file object (an in-memory buffer), else to the
+    path `out`, replaced atomically and never written through a planted symlink (vapo_engine.datafiles)."""
     fig.tight_layout()
-    fig.savefig(out, dpi=dpi)
-    pyplot().close(fig)
+    try:
+        if isinstance(out, (str, Path)):
+            buf = io.BytesIO()
+            fig.savefig(buf, dpi=dpi, format="png")
+            write_atomic(out, buf.getvalue())
+        else:
+            fig.savefig(out, dpi=dpi, format="png")
+    finally:
+        pyplot().close(fig)
     return out
 
 

@@ -16,7 +16,8 @@ Layout of `<runtime.log_dir>/<experiment.name>/<run id>/`:
   tb/             TensorBoard event files (trainer)
   report.png      the latest plot made by report_metrics
 
-Torch-free: the run manager, the tools and the diagnostics read runs through this module; the trainer writes
+Every file is opened through vapo_engine.datafiles: regular files only, never through a symlink (a run directory
+is data; whoever can write it may plant links or FIFOs). Torch-free: the run manager, the tools and the diagnostics read runs through this module; the trainer writes
 its checkpoints' tensors itself and then calls `write_manifest` here.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import proclocks
+from . import datafiles, proclocks
 from .errors import StorageError, UserError
 
 RUN_JSON, CONFIG_JSON, SETTINGS_JSON = "run.json", "config.json", "settings.json"
@@ -75,8 +76,8 @@ class RunDir:
     def read_json(self, name: str) -> dict | None:
         """The parsed file, or None when it is missing or unreadable (never raises)."""
         try:
-            data = json.loads(self.file(name).read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # missing, torn, not UTF-8, nested too deep
+            data = json.loads(datafiles.read_text(self.file(name)))
+        except (OSError, ValueError, RecursionError):  # missing, a link or FIFO, torn, not UTF-8, nested too deep
             return None
         return data if isinstance(data, dict) else None
 
@@ -251,7 +252,7 @@ def verify_checkpoint(folder: Path) -> str | None:
 
 def _verify(folder: Path) -> str | None:
     try:
-        manifest = json.loads((folder / DONE).read_text(encoding="utf-8"))
+        manifest = json.loads(datafiles.read_text(folder / DONE))
     except (OSError, ValueError, RecursionError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
@@ -284,7 +285,7 @@ def safetensors_problem(path: Path) -> str | None:
     """None when the file's header parses and its size matches the tensors it declares."""
     try:
         size = path.stat().st_size
-        with path.open("rb") as f:
+        with datafiles.open_read(path) as f:  # a FIFO named *.safetensors must not block the caller
             raw = f.read(8)
             if len(raw) < 8:
                 return "truncated (no header)"
@@ -301,14 +302,11 @@ def safetensors_problem(path: Path) -> str | None:
 
 # --- small shared helpers ----------------------------------------------------------------------------------------
 def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON so that readers see the old or the new file, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write JSON so that readers see the old or the new file, never half of one: through a randomly named
+    temporary file in the same folder, never written through a planted link (vapo_engine.datafiles)."""
     try:
-        tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        datafiles.write_atomic(path, json.dumps(obj, indent=2, default=str))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise storage_error(path, e) from None
 
 
@@ -322,9 +320,10 @@ def storage_error(path: Path, e: OSError) -> StorageError:
 def log_tail(path: Path, lines: int = 20, max_chars: int = 4000, max_bytes: int = 64 * 1024,
              start: int = 0) -> str:
     """The last `lines` lines of a text file (at most `max_chars`, read from its last `max_bytes`, never
-    before byte `start`: an attempt's own output in a log that earlier attempts wrote to)."""
+    before byte `start`: an attempt's own output in a log that earlier attempts wrote to). A symlink, FIFO or
+    anything but a regular file reads as empty (vapo_engine.datafiles)."""
     try:
-        with path.open("rb") as f:
+        with datafiles.open_read(path) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, start, f.tell() - max_bytes))
             text = f.read().decode("utf-8", "replace")
@@ -340,7 +339,7 @@ def step_of(p: Path) -> int | None:
 
 def _sha256(p: Path) -> str:
     h = hashlib.sha256()
-    with p.open("rb") as f:
+    with datafiles.open_read(p) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -355,7 +354,7 @@ def _write_synced(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def _flocked(path: Path):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .config import Settings, TrainConfig
 from .config.secrets import safe_channel_view, safe_config_dump, safe_overrides, safe_settings_dump, safe_tags
+from .datafiles import read_text
 from .errors import UserError
 from .providers.redaction import scrub_obj
 from .rundir import CONFIG_JSON, RUN_JSON, SETTINGS_JSON, storage_error, write_json_atomic
@@ -74,8 +75,8 @@ def _safe_channel(public: dict | None) -> dict | None:
 def load_run(run_dir: str | Path) -> tuple[RunInfo, TrainConfig]:
     """Read a run directory's identity and frozen config."""
     run_dir = Path(run_dir)
-    meta = json.loads((run_dir / RUN_JSON).read_text(encoding="utf-8"))
-    config = TrainConfig.model_validate(json.loads((run_dir / CONFIG_JSON).read_text(encoding="utf-8")))
+    meta = json.loads(read_text(run_dir / RUN_JSON))  # regular files only, never through a link
+    config = TrainConfig.model_validate(json.loads(read_text(run_dir / CONFIG_JSON)))
     info = RunInfo(meta["run_id"], run_dir, meta["experiment"], tuple(meta.get("tags", ())), int(meta["seed"]))
     return info, config
 

@@ -58,6 +58,13 @@ def add_file_options(p) -> None:
                    help=f"channel/runtime settings (default: ${SETTINGS_ENV} or ./settings.json)")
 
 
+def add_trust_option(p) -> None:
+    p.add_argument("--trust-run-config", action="store_true",
+                   help="resume even when the run's saved config.json sets what a tool call may not (where a run "
+                        "listens, rollout.urls / token_env, logging.mlflow_tracking_uri, more processes than cores): "
+                        "only for a run directory nobody else can write")
+
+
 def add_json_option(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

@@ -15,7 +15,8 @@ from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError, State
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
-from .common import add_file_options, add_json_option, positive_int, print_json, run_request_error
+from .common import (UserError, add_file_options, add_json_option, add_trust_option, positive_int, print_json,
+                     run_request_error)
 
 
 def register(sub) -> None:
@@ -36,6 +37,8 @@ def register(sub) -> None:
                            help="at most N runs, newest first (default 20)")
         if name == "stop":
             p.add_argument("--force", action="store_true", help="SIGKILL at once")
+        if name == "resume":
+            add_trust_option(p)
         p.set_defaults(func=_runs, action=name)
     rep = sub.add_parser("report", help="metrics, trends and a plot of a run (or an ablation's table)")
     add_file_options(rep)
@@ -99,7 +102,9 @@ def _runs(args) -> int:
                   f"{'' if acc is None else f'greedy acc {acc:.3f}  '}{r.variant or ''}  {r.message[:60]}")
         return 0
     fn = {"status": run_status, "stop": stop_run, "resume": resume_run}[args.action]
-    res = _call(fn, f, args.run_id, **({"force": args.force} if args.action == "stop" else {}))
+    extra = {"stop": {"force": getattr(args, "force", False)},
+             "resume": {"trust_run_config": getattr(args, "trust_run_config", False)}}.get(args.action, {})
+    res = _call(fn, f, args.run_id, **extra)
     if args.json:
         print_json(res.model_dump())
         return 0

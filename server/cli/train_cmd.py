@@ -16,7 +16,7 @@ from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError
 from vapo_engine.rundir import WORKER_LOG, RunDir
 
-from .common import UserError, add_file_options, print_json, run_request_error
+from .common import UserError, add_file_options, add_trust_option, print_json, run_request_error
 
 
 def register(sub) -> None:
@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--tag", action="append", default=[], help="extra run tag (repeatable)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue this run from its newest checkpoint, with the config it was started with (--set, "
                    "--preset and --tag are refused with it)")
+    add_trust_option(p)
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     p.set_defaults(func=run)
     v = sub.add_parser("pretrain-value", help="value pretraining only; saves a value model that runs start from "
@@ -36,7 +37,7 @@ def register(sub) -> None:
     v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     v.add_argument("--out", help="folder for the value model (default: <run dir>/value_model)")
     v.add_argument("--json", action="store_true", help="print the final summary as JSON")
-    v.set_defaults(func=pretrain_value, tag=[], resume=None)
+    v.set_defaults(func=pretrain_value, tag=[], resume=None, trust_run_config=False)
 
 
 def pretrain_value(args) -> int:
@@ -54,7 +55,7 @@ def run(args, **mode) -> int:
                             "run with them (vapo-mcp train without --resume)")
     f = files(args.config, args.settings)
     try:
-        view = resume_run(f, args.resume) if args.resume else \
+        view = resume_run(f, args.resume, trust_run_config=args.trust_run_config) if args.resume else \
             start_training(f, preset=args.preset, overrides=args.set, tags=args.tag, **mode).run
     except (RunError, ToolInputError) as e:
         raise run_request_error(e) from None

@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 from .errors import ConfigIssue
 from .secrets import (
     Secret,
+    channel_credentials,
     safe_channel_view,
     safe_env_name,
     strip_url_credentials,
@@ -45,6 +46,11 @@ class Channel:
     stream: bool = True
     timeout_seconds: float = 120.0
     max_retries: int = 3
+
+    def secrets(self) -> list:
+        """Everything of this channel no output may show, for scrubbing by value: the key, the values of
+        credential-named default headers (X-Api-Key, …) and the base URL's user:password@."""
+        return [*([self.key] if self.key else []), *channel_credentials(self.base_url, self.headers)]
 
     @property
     def key_redacted(self) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from .credentials import (
     bare_userinfo_spans,
@@ -43,6 +44,27 @@ _CLASS_RUN = re.compile(r"[a-z]+|[A-Z]+|[0-9]+")
 _SPACE = re.compile(r"\s")
 _CREDENTIAL_NAME = re.compile(r"(?i)(^|[-_])(authorization|auth|api[-_]?key|apikey|key|token|secret|password|"
                               r"passwd|cookie|credentials?)$")
+
+
+MIN_CREDENTIAL_CHARS = 6
+"""Shorter header values / URL user names are not masked by value (they would blank ordinary words)."""
+
+
+def channel_credentials(base_url: str, headers: Mapping[str, str] | None = None) -> list[str]:
+    """What a channel carries besides its key that is just as secret, for scrubbing by value: the values of
+    credential-named default headers (`X-Api-Key`, `Api-Key`, `X-Auth-Token`, `Cookie`, …) and the `user:password@`
+    of its base URL (the password; the user too when it is the only credential or looks like a key)."""
+    out = [v.strip() for k, v in (headers or {}).items()
+           if _CREDENTIAL_NAME.search(str(k)) and isinstance(v, str) and len(v.strip()) >= MIN_CREDENTIAL_CHARS]
+    try:
+        parts = urlsplit(str(base_url).strip().strip("'\"").strip())
+        user, password = parts.username, parts.password
+    except ValueError:
+        return out
+    for value, secret in ((password, True), (user, password is None or looks_like_secret(user or ""))):
+        if value and secret and len(value) >= MIN_CREDENTIAL_CHARS:
+            out += [value, unquote(value)] if unquote(value) != value else [value]
+    return out
 
 
 def redact(value: str | None) -> str:

@@ -43,7 +43,8 @@ class ModelConfig(Section):
     value_path: PathText | None = None
     """Optional separate directory to initialise the value model from; unset = from the policy weights."""
     temperature: float = Field(0.7, ge=0, le=5)
-    """Sampling temperature for rollouts (local and API). Paper: 1.0 during RL."""
+    """Sampling temperature for rollouts (local and API). Paper: 1.0 during RL. 0 = greedy; otherwise at least
+    1e-5 (a smaller one overflows the logits and is refused)."""
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold for rollouts."""
     max_tokens: int = Field(4096, ge=1, le=1_000_000)
@@ -426,6 +427,20 @@ def _old_log_prob_problems(r: RolloutConfig) -> list[FieldProblem]:
         'backend "hf" with max_off_policy_steps = 0 and is_mode = "auto"')]
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest sampling temperature other than 0 (greedy): logits / t overflows to inf below it (a 1e-300
+temperature made generation fail), and nothing that small differs from greedy anyway."""
+
+
+def temperature_problem(key: str, value: float | None) -> FieldProblem | None:
+    """`key` = `value` when it is a temperature in (0, MIN_TEMPERATURE): numerically unsafe."""
+    if value is None or not 0 < value < MIN_TEMPERATURE:
+        return None
+    return FieldProblem(key, f"temperature {value:g} is numerically unsafe (sampling divides the logits by it; "
+                        f"anything in (0, {MIN_TEMPERATURE:g}) overflows)",
+                        f"use 0 for greedy decoding or a temperature of at least {MIN_TEMPERATURE:g}")
+
+
 def _check_builtin(name: str | None) -> None:
     from vapo_engine.builtin_model.recipes import RECIPES  # torch-free
     if name is not None and name not in RECIPES:
@@ -490,6 +505,9 @@ class TrainConfig(Section):
             out.append(FieldProblem("vapo.positive_lm_coef", "algorithm rft trains on the positive-example NLL alone, "
                                     "and its weight is 0", "set vapo.positive_lm_coef = 1.0 (or another algorithm)"))
         out += _old_log_prob_problems(self.rollout)
+        out += [p for p in (temperature_problem("model.temperature", self.model.temperature),
+                            temperature_problem("provider_rollouts.temperature", self.provider_rollouts.temperature))
+                if p is not None]
         d = self.distributed
         if d.strategy == "fsdp" and self.lora.enabled:
             out.append(FieldProblem("distributed.strategy", "fsdp with [lora] is not supported (the adapters are "

@@ -207,7 +207,7 @@ def _settings_facts(settings_path: Path, env: Mapping[str, str] | None, config_p
     channel, _ = resolve_channel(settings, config, env=env, dotenv_path=settings_path.resolve().parent / ".env",
                                  settings_file=str(settings_path))
     facts.update(channel_facts(channel, env))
-    facts["_secrets"] = [channel.key] if channel.key else []
+    facts["_secrets"] = channel.secrets()
     return facts
 
 
@@ -234,7 +234,7 @@ def gather_evidence(*, status: int | None = None, body: str | None = None,
         fields["inputs"].append("config files")
     if channel is not None:
         fields.update(channel_facts(channel, env))
-        secrets = [channel.key] if channel.key else []
+        secrets = channel.secrets()
         fields["inputs"].append("channel")
     server = {name for name in SERVER_FACT_FIELDS if name in fields}
     if text:

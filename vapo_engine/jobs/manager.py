@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from vapo_engine.datafiles import open_append
 from vapo_engine.errors import UserError
 from vapo_engine.rundir import RUNNER_LOG, RunDir, storage_error
 
@@ -85,7 +86,7 @@ class RunManager:
         if self.settings_path is not None:
             env[SETTINGS_ENV] = str(self.settings_path)
         try:
-            with open(rec.run_dir / RUNNER_LOG, "ab") as out:
+            with open_append(rec.run_dir / RUNNER_LOG, binary=True) as out:
                 p = subprocess.Popen([sys.executable, "-m", "vapo_engine.jobs.runner", str(self.root),
                                       rec.run_id], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, env=env, close_fds=True)

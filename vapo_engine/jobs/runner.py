@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, RunDirBusy
+from vapo_engine.datafiles import open_append
+from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, RunDirBusy, storage_error
 
 from .manager import FORCE_SIGNAL, RunManager
 from .outcome import HEARTBEAT_S, final_state
@@ -63,7 +64,12 @@ def supervise(root: Path, run_id: str) -> int:
     log_from = rd.log_size()
     rd.record_attempt(run_id, {"log_offset": log_from})
     reg.update(run_id, pid=os.getpid(), heartbeat=time.time(), message="training; poll run_status")
-    with open(rd.file(WORKER_LOG), "ab", buffering=0) as log:
+    try:
+        log_file = open_append(rd.file(WORKER_LOG), binary=True, buffering=0)  # never through a planted link
+    except OSError as e:
+        reg.transition(run_id, State.FAILED, f"not started: {storage_error(rd.file(WORKER_LOG), e)}")
+        return 1
+    with log_file as log:
         if _ASKED:
             rc = None
         else:

@@ -92,6 +92,8 @@ class RunViews:
 
     def of(self, rec: RunRecord) -> RunSnapshot:
         rd = RunDir(rec.run_dir)
+        if rd.path.is_symlink():  # shown from its registry record only; get() refuses it
+            return RunSnapshot(rec, {}, None)
         total = (rd.config().get("training") or {}).get("total_steps")
         return RunSnapshot(rec, latest(rd.file(METRICS)),
                            total if isinstance(total, int) and not isinstance(total, bool) else None)
@@ -104,6 +106,10 @@ class RunViews:
             mine = [s for s in self.skipped() if run_id in s]
             raise RunError(f"{e}; this id was skipped when the registry was rebuilt: {mine[0]}" if mine
                            else str(e)) from None
+        if RunDir(rec.run_dir).path.is_symlink():
+            raise RunError(f"run {run_id}'s directory {rec.run_dir} is a symbolic link; the run tools read and write "
+                           "only real run folders (a link could point them at any folder): move the run folder "
+                           "itself there, or start_training again")
         return self.of(rec)
 
     def list(self, *, state: str | None = None, experiment: str | None = None, tag: str | None = None,

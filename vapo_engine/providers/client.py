@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import Self
 
 from vapo_engine.config import Channel, Secret
+from vapo_engine.config.secrets import channel_credentials
 
 from .errorbody import ErrorInfo, parse_error_body, rate_limit_headers
 from .errors import (
@@ -57,7 +58,7 @@ from .pool import Attempt, ConcurrencyController
 from .redaction import guard_logs, safe_text, scrub
 from .retry import RetryPolicy, call_with_retry
 from .sse import read_stream
-from .urls import BaseURL, BaseURLError, normalize_base_url
+from .urls import URL_CREDENTIALS_WITH_KEY, BaseURL, BaseURLError, normalize_base_url, url_has_credentials
 
 log = logging.getLogger("vapo_engine.providers")
 USER_AGENT = "vapo-mcp/0.1"
@@ -125,9 +126,18 @@ class ProviderClient:
                  controller: ConcurrencyController | None = None):
         self.base = base_url if isinstance(base_url, BaseURL) else normalize_base_url(base_url)
         self._key = key
-        if key is not None:
-            guard_logs(key)
         self._headers = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
+        self._credentials = tuple(channel_credentials(self.base.url, self._headers))
+        for secret in (key, *self._credentials):
+            if secret is not None:
+                guard_logs(secret)
+        if key is not None and url_has_credentials(self.base.url):
+            raise BaseURLError(self.base.url, URL_CREDENTIALS_WITH_KEY,
+                               "it carries user:password@ credentials and an API key is configured; a request has "
+                               "one Authorization header, and the URL's Basic credentials would silently replace "
+                               "the Bearer key", "remove user:password@ from api.base_url in settings.json (or "
+                               "TAOTOKEN_BASE_URL): the key in api.api_key_env authenticates; a proxy's credentials "
+                               "go in HTTPS_PROXY")
         self.timeout = float(timeout)
         self.policy = policy or RetryPolicy(max_retries=max_retries)
         self.max_concurrency = max(1, int(max_concurrency))
@@ -169,7 +179,8 @@ class ProviderClient:
 
     @property
     def _secrets(self) -> tuple:
-        return (self._key,) if self._key else ()
+        """What no error or result may show: the key, credential-named header values, base-URL credentials."""
+        return ((self._key,) if self._key else ()) + self._credentials
 
     def _new_client(self) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))

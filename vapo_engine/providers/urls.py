@@ -41,6 +41,19 @@ KIND_TEXT = {
 }
 
 
+URL_CREDENTIALS_WITH_KEY = "credentials_with_key"
+"""BaseURLError kind: the base URL has user:password@ and a key is configured (ProviderClient refuses it)."""
+
+
+def url_has_credentials(url: str) -> bool:
+    """Whether `url` carries `user[:password]@` before its host."""
+    try:
+        parts = urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return False
+
+
 class BaseURLError(UserError):
     """The base URL cannot be used (no scheme, unsupported scheme, no host). `fix` says what to write.
     The message and the fix quote the URL without its `user:pass@` credentials (`raw` keeps them)."""

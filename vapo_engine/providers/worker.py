@@ -233,7 +233,7 @@ class ProviderWorker:
         try:
             asyncio.run(self._main())
         except Exception as e:  # a thread must report, not die silently
-            secrets = [self.channel.key] if self.channel.key else []
+            secrets = self.channel.secrets()
             reason = safe_text(f"{type(e).__name__}: {e}", 300, secrets)
             self.controller.mark_down(ProviderDown(kind="failing", reason=f"the provider worker stopped: {reason}",
                                                    fix="see the worker log; restart the run to retry"))

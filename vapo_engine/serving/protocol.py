@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from vapo_engine.config.train_model import MIN_TEMPERATURE
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
 
@@ -70,6 +72,16 @@ def number_field(data: dict, name: str, default: float, lo: float, hi: float, lo
     return float(value)
 
 
+def temperature_field(data: dict, default: float, hi: float) -> float:
+    """`data["temperature"]`: 0 (greedy) or in [MIN_TEMPERATURE, hi]; a value in between is a 400 (dividing the
+    logits by it overflows, and the model would fail with a 500)."""
+    value = number_field(data, "temperature", default, 0.0, hi)
+    if 0 < value < MIN_TEMPERATURE:
+        raise bad_request(f"temperature = {value:g} is numerically unsafe: use 0 for greedy decoding or at least "
+                          f"{MIN_TEMPERATURE:g}", "temperature")
+    return value
+
+
 def integer_field(data: dict, name: str, lo: int, hi: int) -> int | None:
     """`data[name]` as an int in lo..hi; None when absent or null; else a 400."""
     value = data.get(name)
@@ -90,7 +102,12 @@ def _content(value: Any, i: int) -> str:
         if any(p.get("type", "text") != "text" for p in value):
             raise bad_request(f"messages[{i}].content has a non-text part; this server takes text only",
                               f"messages[{i}].content")
-        return "".join(str(p.get("text") or "") for p in value)
+        texts = [p.get("text") for p in value]
+        bad = next((j for j, t in enumerate(texts) if t is not None and not isinstance(t, str)), None)
+        if bad is not None:
+            raise bad_request(f"messages[{i}].content[{bad}].text must be a string, got {type(texts[bad]).__name__}",
+                              f"messages[{i}].content[{bad}].text")
+        return "".join(t or "" for t in texts)
     raise bad_request(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
@@ -153,7 +170,7 @@ def parse_chat_request(data: Any, *, served: str, max_n: int, max_tokens_cap: in
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise bad_request("stream_options must be an object like {\"include_usage\": true}", "stream_options")
     return ChatRequest(model=model, messages=_messages(data), max_tokens=max_tokens,
-                       temperature=number_field(data, "temperature", 1.0, 0.0, 2.0),
+                       temperature=temperature_field(data, 1.0, 2.0),
                        top_p=number_field(data, "top_p", 1.0, 0.0, 1.0, lo_open=True), n=n or 1, stop=_stop(data),
                        stream=stream, include_usage=bool(options.get("include_usage", False)))
 

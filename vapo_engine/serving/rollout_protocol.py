@@ -43,7 +43,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import ApiError, bad_request, integer_field, json_object, number_field, served_model
+from .protocol import (
+    ApiError,
+    bad_request,
+    integer_field,
+    json_object,
+    number_field,
+    served_model,
+    temperature_field,
+)
 
 PROTOCOL_VERSION = 1
 LOG_PROB_SEMANTICS = "log_softmax(logits / temperature) over the full vocabulary"
@@ -83,6 +91,12 @@ def _float(data: dict, name: str, lo: float, hi: float, *, lo_open: bool = False
     return number_field(data, name, lo, lo, hi, lo_open)
 
 
+def _temperature(data: dict) -> float:
+    """The required temperature: 0 (greedy) or at least MIN_TEMPERATURE (protocol.temperature_field)."""
+    _float(data, "temperature", 0.0, 100.0)
+    return temperature_field(data, 1.0, 100.0)
+
+
 def _ids(data: dict, name: str, vocab: int, most: int, *, non_empty: bool = True) -> tuple[int, ...]:
     value = data.get(name)
     ok = isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
@@ -118,7 +132,7 @@ def parse_generate(data: Any, *, served: str, vocab: int, context: int) -> Gener
                        code="context_length_exceeded")
     seed = _int(data, "seed", 0, 2**63 - 1, required=False)
     return GenerateRequest(prompt_ids=prompt, n=_int(data, "n", 1, MAX_N), max_tokens=max_tokens,
-                           temperature=_float(data, "temperature", 0.0, 100.0),
+                           temperature=_temperature(data),
                            top_p=_float(data, "top_p", 0.0, 1.0, lo_open=True), top_k=_int(data, "top_k", 0, vocab),
                            stop_token_ids=_ids(data, "stop_token_ids", vocab, MAX_STOP_IDS), seed=seed,
                            request_id=_request_id(data))

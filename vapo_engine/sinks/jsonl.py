@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from vapo_engine.datafiles import open_append
 from vapo_engine.rundir import METRICS
 
 from .base import SinkContext
@@ -15,7 +16,7 @@ from .base import SinkContext
 class JsonlSink:
     def __init__(self, ctx: SinkContext):
         self.path = ctx.run_dir.file(METRICS)
-        self._f = self.path.open("a", encoding="utf-8")
+        self._f = open_append(self.path)  # never through a planted symlink (vapo_engine.datafiles)
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record) + "\n")

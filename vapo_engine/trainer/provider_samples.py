@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from vapo_engine.config import TrainConfig, load_settings, resolve_channel
+from vapo_engine.datafiles import open_append, read_text
 from vapo_engine.jobs.threads import SETTINGS_ENV
 from vapo_engine.prompts import PromptFormat, encode_prompts
 from vapo_engine.providers.redaction import scrub_obj
@@ -152,7 +153,7 @@ class ProviderSamples:
     def _write_state(self, **fields) -> None:
         """provider.json: `down` (why the provider is no longer used, once it is) and `final` (the run's provider
         totals when the worker stopped, including answers that landed after the last logged step)."""
-        key = [self.worker.channel.key] if self.worker.channel.key else []
+        key = self.worker.channel.secrets()
         state = self.rd.read_json(STATE) or {}
         self.rd.write_json(STATE, scrub_obj({**state, **fields}, key))
 
@@ -195,7 +196,7 @@ def _channel(cfg: TrainConfig):
 def _read_cache(path: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in read_text(path).splitlines():
             try:
                 rec = json.loads(line)
                 out.setdefault(rec["key"], []).extend(rec["contents"])
@@ -207,5 +208,5 @@ def _read_cache(path: Path) -> dict[str, list[str]]:
 
 
 def _append_cache(path: Path, key: str, contents: list[str]) -> None:
-    with path.open("a", encoding="utf-8") as f:
+    with open_append(path) as f:  # never through a planted symlink (vapo_engine.datafiles)
         f.write(json.dumps({"key": key, "contents": contents}) + "\n")
