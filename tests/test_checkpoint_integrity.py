@@ -52,7 +52,7 @@ def _resume(run_dir, total: int = 6) -> subprocess.CompletedProcess:
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg["training"]["total_steps"] = total
     (run_dir / "config.json").write_text(json.dumps(cfg))
-    return subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run_dir), "--resume"],
+    return subprocess.run(check=False, args=[sys.executable, "-m", "vapo_engine.trainer", str(run_dir), "--resume"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
 

@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from pydantic import ValidationError
 
 from server.cli import main
 from tests.conftest import CANARY_KEY, ROOT
@@ -42,7 +43,7 @@ def test_every_field_documented():
 
 def test_models_are_frozen_and_forbid_extra():
     c = load_config(ROOT / "config.toml")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         c.vapo.alpha = 1.0  # type: ignore[misc]
 
 

@@ -180,8 +180,8 @@ TRAINING_CASES: dict[str, tuple] = {
         ["set TAOTOKEN_API_KEY to a valid key", "resume_run('20250101-000000-abcdef')"]),
     "train-rollout-servers-down": (
         lambda tmp: with_rollout_down(make_run(tmp)), {},
-        ["rollout.json: no replica answered for 30s: http://127.0.0.1:8001 (ConnectError: [Errno 111] Connection "
-         "refused)"],
+        [("rollout.json: no replica answered for 30s: http://127.0.0.1:8001 (ConnectError: [Errno 111] Connection "
+          "refused)")],
         ["start the inference server(s) at these URLs", "resume_run('20250101-000000-abcdef')"]),
     "train-accuracy-dropped": (
         lambda tmp: make_run(tmp, evals=[0.62, 0.66, 0.41, 0.30]), {},

@@ -36,7 +36,7 @@ def test_cli_launches_two_processes_metrics_once_and_resume_on_one(tmp_path, mod
     fast = ["training.total_steps=2", "training.batch_size=8", "vapo.group_size=2", "model.max_tokens=8",
             "vapo.value_pretrain_steps=1", "eval.num_problems=4", "eval.samples_per_problem=1",
             "training.mini_batch_size=8", "eval.save_interval=2", "eval.eval_interval=100"]
-    r = subprocess.run(cli + [x for o in fast for x in ("--set", o)], env=_env(), cwd=tmp_path,
+    r = subprocess.run(check=False, args=cli + [x for o in fast for x in ("--set", o)], env=_env(), cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
     run_dir = next((tmp_path / "logs").glob("*/*/"))

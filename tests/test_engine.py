@@ -118,15 +118,15 @@ def test_bad_dataset_and_override_errors_are_clear(tmp_path, model_dir):
            "--set", f'model.local_path="{model_dir}"', "--set", f'data.data_dir="{tmp_path}"']
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VAPO_MCP_CACHE": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1"}  # aime_2024 is a registered benchmark: offline, its fetch fails with the fix
-    r = subprocess.run(cli + ["--set", "eval.benchmark=aime_2024", "--set", "runtime=1"], cwd=tmp_path,
+    r = subprocess.run(check=False, args=cli + ["--set", "eval.benchmark=aime_2024", "--set", "runtime=1"], cwd=tmp_path,
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "runtime" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(cli + ["--set", "eval.benchmark=aime_2024", "--set", "training.total_steps=1"],
+    r = subprocess.run(check=False, args=cli + ["--set", "eval.benchmark=aime_2024", "--set", "training.total_steps=1"],
                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert str(tmp_path / "aime_2024.jsonl") in r.stderr
     (tmp_path / "bad.jsonl").write_text('{"problem": "1+1"}\n')
-    r = subprocess.run(cli + ["--set", "data.train=bad"], cwd=tmp_path, capture_output=True, text=True,
+    r = subprocess.run(check=False, args=cli + ["--set", "data.train=bad"], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 2 and "bad.jsonl" in r.stderr and ":1" in r.stderr and "answer" in r.stderr
     assert not (tmp_path / "logs").exists()  # nothing was created for a run that could not start

@@ -24,7 +24,7 @@ STEP_METRICS = ("actor/pg_loss", "critic/value_loss", "rollout/reward_mean", "ro
 
 
 def _run(cmd: list[str], timeout: int = 300) -> str:
-    r = subprocess.run(cmd, env=_env(), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+    r = subprocess.run(check=False, args=cmd, env=_env(), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
     return r.stdout
 
@@ -124,7 +124,7 @@ def test_cli_fsdp_run_with_sampling_and_replay_finishes(tmp_path, model_dir):
     fast = ["training.total_steps=3", "training.batch_size=8", "vapo.group_size=2", "model.max_tokens=12",
             "vapo.value_pretrain_steps=1", "eval.num_problems=5", "eval.samples_per_problem=2",
             "training.mini_batch_size=4", "eval.save_interval=3", "eval.eval_interval=2", "training.kl_coef=0.01"]
-    r = subprocess.run(cli + [x for o in fast for x in ("--set", o)], env=_env(), cwd=tmp_path,
+    r = subprocess.run(check=False, args=cli + [x for o in fast for x in ("--set", o)], env=_env(), cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
     run_dir = next((tmp_path / "logs").glob("*/*/"))
@@ -153,7 +153,7 @@ def test_planted_pickle_in_sharded_metadata_is_never_executed(tmp_path, model_di
         import pickle
         pickle.dump(_Planted(marker), f)
     write_manifest(ckpt, 2)
-    r = subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run), "--resume"], capture_output=True,
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "vapo_engine.trainer", str(run), "--resume"], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert not marker.exists(), "unpickling the planted DCP metadata ran code"
     assert r.returncode == 2 and "step-0000002 (cannot be loaded: ShardedLoadError" in r.stderr, r.stderr[-2000:]
@@ -164,7 +164,7 @@ def test_planted_pickle_in_sharded_metadata_is_never_executed(tmp_path, model_di
 
 def test_cpu_offload_on_cpu_is_refused_with_the_fix(tmp_path, model_dir):
     run = make_run(tmp_path, model_dir, EXACT + FSDP + ["distributed.cpu_offload=true"], "offload")
-    r = subprocess.run(_torchrun("-m", "vapo_engine.trainer", str(run)), env=_env(), cwd=ROOT, timeout=300,
+    r = subprocess.run(check=False, args=_torchrun("-m", "vapo_engine.trainer", str(run)), env=_env(), cwd=ROOT, timeout=300,
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "distributed.cpu_offload = true needs CUDA" in r.stderr and "set distributed.cpu_offload = false" in r.stderr

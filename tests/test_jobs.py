@@ -82,7 +82,8 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
     assert st.run.step == 3 and st.run.total_steps == 3 and "eval/greedy_accuracy" in st.run.latest_eval
     rep = report_metrics(files, run_id, cursor=0, limit=2)
     assert rep.next_cursor == 2 and len(rep.series["rollout/reward_mean"]) == 2 and rep.plot_png
-    assert open(rep.plot_png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(rep.plot_png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     assert report_metrics(files, run_id, cursor=2, limit=2).next_cursor is None
     assert [r.run_id for r in list_runs(files, tag="t1").runs] == [run_id]
     cli = ["--config", str(files.config), "--settings", str(files.settings)]

@@ -51,7 +51,7 @@ def test_stop_reaches_a_worker_whose_supervisor_died_and_no_second_writer_starts
     worker = _kill_supervisor_only(mgr, rid)
     run_dir = mgr.get(rid).run_dir
     # a second trainer on the same directory refuses to start while the lock is held
-    r = subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run_dir), "--resume"], cwd=ROOT,
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "vapo_engine.trainer", str(run_dir), "--resume"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"another worker (pid {worker}) is writing run directory" in r.stderr
     view = mgr.stop(rid)

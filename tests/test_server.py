@@ -196,7 +196,7 @@ def test_http_mode_requires_the_bearer_token(workspace):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    r = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--http", "--host", "0.0.0.0"],
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "server.cli", "serve", "--http", "--host", "0.0.0.0"],
                        env={k: v for k, v in os.environ.items() if k != "VAPO_MCP_TOKEN"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "VAPO_MCP_TOKEN" in r.stderr and "Traceback" not in r.stderr

@@ -2,6 +2,7 @@
 the comparison table of an ablation (ablation id). Plain functions; no mcp, no torch."""
 from __future__ import annotations
 
+import itertools
 import statistics
 
 from pydantic import BaseModel, Field
@@ -73,8 +74,8 @@ def trends(train: list[dict], evals: list[dict]) -> list[Trend]:
         out.append(Trend(metric="rollout/response_length", verdict=verdict, detail=f"first quarter {a:.1f} → last quarter {b:.1f} tokens"))
     rew = [v for r in train if (v := _num(r, "rollout/reward_mean")) is not None]
     if len(rew) >= 6:
-        diffs = [y - x for x, y in zip(rew, rew[1:])]
-        flips = sum(1 for x, y in zip(diffs, diffs[1:]) if x * y < 0) / max(1, len(diffs) - 1)
+        diffs = [y - x for x, y in itertools.pairwise(rew)]
+        flips = sum(1 for x, y in itertools.pairwise(diffs) if x * y < 0) / max(1, len(diffs) - 1)
         sd = statistics.pstdev(rew[-max(3, len(rew) // 3):])
         verdict = "oscillating" if flips > 0.7 and sd > 0.1 else "stable"
         out.append(Trend(metric="rollout/reward_mean", verdict=verdict, detail=f"sign flips {flips:.0%}, recent std {sd:.3f}, first {rew[0]:.3f} → last {rew[-1]:.3f}"))

@@ -43,7 +43,8 @@ def plot_run(records: list[dict], out: Path, title: str) -> Path:
             if pts:
                 ax.plot(*zip(*pts), marker="o" if name.startswith("eval/") else None, ms=3, label=name)
         ax.set_xlabel("policy step")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     return save(fig, out)

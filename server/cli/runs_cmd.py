@@ -15,8 +15,14 @@ from vapo_engine.config import preset_names
 from vapo_engine.jobs import RunError, State
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
-from .common import (UserError, add_file_options, add_json_option, add_trust_option, positive_int, print_json,
-                     run_request_error)
+from .common import (
+    add_file_options,
+    add_json_option,
+    add_trust_option,
+    positive_int,
+    print_json,
+    run_request_error,
+)
 
 
 def register(sub) -> None:

@@ -13,7 +13,10 @@ _WHERE = {"BUILTIN_VERSION": "recipes", "RECIPES": "recipes", "BuildRecipe": "re
           "SHIPPED_ROOT": "shipped", "shipped_folder": "shipped", "shipped_names": "shipped",
           "build_tokenizer": "model", "make_config": "model", "make_model": "model", "make_model_dir": "model"}
 
-__all__ = sorted(_WHERE)
+__all__ = ["BUILTIN_VERSION", "DONE_MARKER", "RECIPES", "SHIPPED_ROOT", "BuildRecipe", "Phase", "build_tokenizer",
+           "builtin_model_dir", "cache_root", "is_complete", "is_current", "make_config", "make_model",
+           "make_model_dir", "ready_model_dir", "shipped_folder", "shipped_names"]
+assert sorted(__all__) == sorted(_WHERE)  # one list of the lazy names
 
 
 def __getattr__(name: str):
