@@ -203,10 +203,15 @@ def _check_listener(f: Files, cfg: TrainConfig) -> None:
             "rdzv_endpoint; call again without those overrides (or preset values)")
 
 
+def _changed_from_config(f: Files, cfg: TrainConfig, section: str, keys) -> list[str]:
+    """The keys of `section` whose value in `cfg` differs from config.toml's."""
+    own, mine = getattr(load_config(f.config), section), getattr(cfg, section)
+    return [k for k in keys if getattr(mine, k) != getattr(own, k)]
+
+
 def _check_rollout_peers(f: Files, cfg: TrainConfig) -> None:
     """The rollout replicas get the token of `rollout.token_env`: a tool call may not point it elsewhere."""
-    own = load_config(f.config).rollout
-    changed = [k for k in ROLLOUT_PEER_KEYS if getattr(cfg.rollout, k) != getattr(own, k)]
+    changed = _changed_from_config(f, cfg, "rollout", ROLLOUT_PEER_KEYS)
     if changed:
         raise ToolInputError(
             f"rollout.{changed[0]} differs from config.toml's: a tool call may not change where rollouts are "
@@ -217,8 +222,7 @@ def _check_rollout_peers(f: Files, cfg: TrainConfig) -> None:
 def _check_sink_destinations(f: Files, cfg: TrainConfig) -> None:
     """A metric sink's destination receives the run's metrics and the tracker credentials of the environment: a
     tool call may not point it at another host."""
-    own = load_config(f.config).logging
-    changed = [k for k in SINK_DESTINATION_KEYS if getattr(cfg.logging, k) != getattr(own, k)]
+    changed = _changed_from_config(f, cfg, "logging", SINK_DESTINATION_KEYS)
     if changed:
         raise ToolInputError(
             f"logging.{changed[0]} differs from config.toml's: a tool call may not change where a metric sink sends "

@@ -11,6 +11,7 @@ from tools.paths import CONFIG_ENV, SETTINGS_ENV, known_secrets
 from vapo_engine.errors import UserError as _UserError
 from vapo_engine.errors import is_user_error
 from vapo_engine.providers.redaction import public_message
+from vapo_engine.serving.options import int_in
 
 
 class UserError(_UserError):
@@ -19,15 +20,7 @@ class UserError(_UserError):
 
 def positive_int(hi: int, lo: int = 1):
     """An argparse type: an integer in lo..hi (argparse prints the message and exits 2 otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} is out of range {lo}..{hi}")
-        return value
-    return parse
+    return int_in(lo, hi)
 
 
 def port_number(text: str) -> int:

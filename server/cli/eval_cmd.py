@@ -10,24 +10,11 @@ Exit codes: 0 = an accuracy was measured, 1 = it could not be (every request fai
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from tools.paths import files
 
-from .common import UserError, add_file_options, add_json_option, print_json
-
-
-def _positive(hi: int, lo: int = 1):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} is out of range {lo}..{hi}")
-        return value
-    return parse
+from .common import UserError, add_file_options, add_json_option, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -37,23 +24,23 @@ def register(sub) -> None:
     who = p.add_mutually_exclusive_group()
     who.add_argument("--run", metavar="RUN_ID", help="a run: evaluated with its own frozen eval settings; without --channel, on its checkpoint")
     who.add_argument("--model-dir", metavar="DIR", help="a Hugging Face model directory, run locally with config.toml's settings")
-    p.add_argument("--step", type=_positive(10**9, 0), help="with --run, local only: the checkpoint saved at this step (default: the newest complete one)")
+    p.add_argument("--step", type=positive_int(10**9, 0), help="with --run, local only: the checkpoint saved at this step (default: the newest complete one)")
     p.add_argument("--channel", action="store_true",
                    help="ask the API channel of settings.json instead of running a local model")
     p.add_argument("--model", help="with --channel: the model id to ask (default: models.reasoning, falling back to models.fallback)")
     p.add_argument("--benchmark", help="builtin:<task>, a JSONL name (<data_dir>/<name>.jsonl) or a .jsonl path "
                                        "(default: eval.benchmark)")
-    p.add_argument("--num-problems", type=_positive(100_000),
+    p.add_argument("--num-problems", type=positive_int(100_000),
                    help="how many held-out problems to ask (default: eval.num_problems of the run's or config.toml's config)")
-    p.add_argument("--samples", type=_positive(1024, 0), help="sampled answers per problem, the k of avg@k, at the config's temperature "
+    p.add_argument("--samples", type=positive_int(1024, 0), help="sampled answers per problem, the k of avg@k, at the config's temperature "
                                                               "(default: eval.samples_per_problem; 0 = greedy only)")
-    p.add_argument("--max-tokens", type=_positive(1_000_000),
+    p.add_argument("--max-tokens", type=positive_int(1_000_000),
                    help="most new tokens per answer (default: model.max_tokens; without --run, a built-in "
                         "task caps it at its answers' length)")
     p.add_argument("--preset", help="without --run: a preset applied to config.toml before its settings are read (e.g. "
                                        "cpu-demo)")
-    p.add_argument("--concurrency", type=_positive(64), default=8, help="with --channel: requests in flight at once (default 8)")
-    p.add_argument("--timeout", type=_positive(86_400), default=3600, help="seconds the whole evaluation may take (default 3600): a local one "
+    p.add_argument("--concurrency", type=positive_int(64), default=8, help="with --channel: requests in flight at once (default 8)")
+    p.add_argument("--timeout", type=positive_int(86_400), default=3600, help="seconds the whole evaluation may take (default 3600): a local one "
                    "is then stopped and fails; with --channel, requests still open count as failures")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="local models only: where the model runs (auto = cuda when available, else cpu)")
     p.set_defaults(func=eval_cmd)

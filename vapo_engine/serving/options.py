@@ -31,7 +31,8 @@ class ServeOptions:
     """Where POST /rollout/load_weights may read weights from (None: it loads none)."""
 
 
-def _bounded(lo: int, hi: int):
+def int_in(lo: int, hi: int):
+    """An argparse type: an integer in lo..hi (argparse prints the message and exits 2 otherwise)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -45,19 +46,19 @@ def _bounded(lo: int, hi: int):
 
 def add_arguments(p: argparse.ArgumentParser, *, target_help: str) -> None:
     p.add_argument("target", metavar="RUN_ID|DIR", help=target_help)
-    p.add_argument("--step", type=_bounded(0, 10**9), help="serve the checkpoint of this policy step "
+    p.add_argument("--step", type=int_in(0, 10**9), help="serve the checkpoint of this policy step "
                                                             "(default: the newest that verifies)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs "
                                                       "VAPO_MCP_TOKEN)")
-    p.add_argument("--port", type=_bounded(0, 65535), default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument("--model-name", help="the model id clients send (default: the run id or the folder's "
                                         "name); set it to settings.json's models.reasoning to use every channel "
                                         "tool as is")
-    p.add_argument("--max-batch", type=_bounded(1, 256), default=16,
+    p.add_argument("--max-batch", type=int_in(1, 256), default=16,
                    help="most rows (requests × n) that share one generate call (default 16)")
-    p.add_argument("--batch-window-ms", type=_bounded(0, 1000), default=20,
+    p.add_argument("--batch-window-ms", type=int_in(0, 1000), default=20,
                    help="how long the first waiting request waits for others to batch with (default 20)")
-    p.add_argument("--max-tokens", type=_bounded(1, 1_000_000), default=512, dest="default_max_tokens",
+    p.add_argument("--max-tokens", type=int_in(1, 1_000_000), default=512, dest="default_max_tokens",
                    help="new tokens when a request sets no max_tokens (default 512, capped by the context)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
