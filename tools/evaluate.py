@@ -20,7 +20,6 @@ Remote (HTTP) callers may only name JSONL files and model folders inside the all
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections import Counter
@@ -31,6 +30,7 @@ from typing import Literal
 import anyio
 from pydantic import BaseModel, Field
 
+from vapo_engine.childenv import child_env
 from vapo_engine.config import ConfigError, load_config, load_settings
 from vapo_engine.errors import UserError
 from vapo_engine.metrics import accuracies
@@ -283,7 +283,7 @@ async def run_local(plan: EvalPlan, source: ModelSource, *, device: str = "auto"
     cmd = [sys.executable, "-m", "vapo_engine.serving.local_eval"]
     try:
         with anyio.fail_after(timeout_s):
-            proc = await anyio.run_process(cmd, input=json.dumps(spec).encode(), check=False, env=dict(os.environ))
+            proc = await anyio.run_process(cmd, input=json.dumps(spec).encode(), check=False, env=child_env())
     except TimeoutError:
         raise EvalWorkerError(f"the local evaluation took longer than {timeout_s:g} s and was stopped; pass fewer "
                               "problems (num_problems) or samples, or a longer timeout") from None

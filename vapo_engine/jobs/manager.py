@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from vapo_engine.childenv import child_env, run_needs
 from vapo_engine.datafiles import open_append
 from vapo_engine.errors import UserError
 from vapo_engine.rundir import RUNNER_LOG, RunDir, storage_error
@@ -82,7 +83,7 @@ class RunManager:
         return started
 
     def _spawn(self, rec: RunRecord) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = supervisor_env(rec.run_dir)
         if self.settings_path is not None:
             env[SETTINGS_ENV] = str(self.settings_path)
         try:
@@ -264,6 +265,12 @@ class RunManager:
 
 
 _STARTED: dict[str, subprocess.Popen] = {}
+
+
+def supervisor_env(run_dir: Path, base: dict | None = None) -> dict:
+    """The run supervisor's environment: this server's, unbuffered, without the server's bearer token unless the
+    run's rollout replicas take it (vapo_engine/childenv.py)."""
+    return dict(child_env(base, keep=run_needs(RunDir(run_dir).config())), PYTHONUNBUFFERED="1")
 """Supervisors this process started, by run id: its own children, so their pids cannot have been reused."""
 
 

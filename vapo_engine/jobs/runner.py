@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from vapo_engine.childenv import run_needs
 from vapo_engine.datafiles import open_append
 from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG, RunDir, RunDirBusy, storage_error
 
@@ -75,7 +76,8 @@ def supervise(root: Path, run_id: str) -> int:
         else:
             _CHILD.append(subprocess.Popen(worker_command(rec.run_dir, rec.resume), stdout=log,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True, env=worker_env(nprocs=rec.nprocs)))
+                                           start_new_session=True, env=worker_env(nprocs=rec.nprocs,
+                                                          keep=run_needs(rd.config()))))
             rc = _supervise_child(reg, rd, run_id, _CHILD[0])
     state, message = final_state(rd, rc, stopped=bool(_ASKED), since=rec.started, log_from=log_from)
     reg.transition(run_id, state, message, exit_code=rc)

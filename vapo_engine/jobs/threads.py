@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from vapo_engine.childenv import child_env
+
 MAX_CONCURRENT_ENV = "VAPO_MCP_MAX_CONCURRENT"
 SETTINGS_ENV = "VAPO_MCP_SETTINGS"
 """The settings.json of the server that started a run: its worker resolves the API channel from it, never from
@@ -43,10 +45,11 @@ def shares_cores(nprocs: int, concurrent: int, threads: int, cores: int | None =
     return concurrent > 1 or nprocs * threads > (cores or usable_cores())
 
 
-def worker_env(nprocs: int = 1, concurrent: int | None = None, base: dict | None = None) -> dict:
+def worker_env(nprocs: int = 1, concurrent: int | None = None, base: dict | None = None,
+               keep: tuple[str, ...] = ()) -> dict:
     """The environment of a trainer worker: thread budget, passive waiting where cores are shared, offline hub,
-    unbuffered output."""
-    env = dict(os.environ if base is None else base)
+    unbuffered output; the server's token only where `keep` names it (vapo_engine/childenv.py)."""
+    env = child_env(base, keep=keep)
     concurrent = concurrent or max_concurrent(env)
     n = threads_per_process(nprocs, concurrent)
     for var in THREAD_VARS:

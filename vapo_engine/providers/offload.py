@@ -23,6 +23,8 @@ import logging
 import sys
 from typing import Any
 
+from vapo_engine.childenv import child_env
+
 OFFLOAD_CHARS = 64 * 1024
 MAX_HELPERS = 2
 HELPER_NICE = 10
@@ -78,7 +80,7 @@ async def off_loop(job: str, *args: Any, size: int) -> Any:
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", HELPER, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=child_env())
             out, _ = await proc.communicate(json.dumps({"job": job, "args": list(args)}).encode())
             if proc.returncode == 0:
                 return json.loads(out)
