@@ -261,3 +261,41 @@ def test_checkpoint_verification_does_not_block_on_a_fifo(tmp_path, model_dir):
     _fifo(ckpt / "policy" / "extra.safetensors")
     why = _within(10, lambda: verify_checkpoint(ckpt))
     assert why and "extra.safetensors" in why, why
+
+
+# --- subfolders the trainer writes --------------------------------------------------------------------------------
+def _linked_run(tmp_path, sub: str):
+    """A run "q" whose `sub` folder is a symlink to a folder outside the run."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "logs"
+    reg = Registry(root)
+    run_dir = create_run(load_config(ROOT / "config.toml", ["training.total_steps=3"]),
+                         load_settings(ROOT / "settings.json"), root, run_id="q").run_dir
+    (run_dir / sub).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / sub).symlink_to(outside, target_is_directory=True)
+    return root, reg, run_dir, outside
+
+
+@pytest.mark.parametrize("sub", ["checkpoints", "tb", "rollout_weights", "checkpoints/step-0000002"])
+def test_resume_refuses_a_run_whose_written_subfolder_is_a_link(tmp_path, sub):
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.rundir import LinkedSubfolder
+    root, reg, run_dir, _ = _linked_run(tmp_path, sub)
+    reg.add("q", "exp", [], run_dir)
+    reg.transition("q", State.FAILED, "crashed")
+    with pytest.raises(LinkedSubfolder, match="symbolic link") as e:
+        RunManager(root).resume("q")
+    assert str(run_dir / sub) in str(e.value) and "real folder" in str(e.value)
+    assert [r.run_id for r in reg.list()] == ["q"]  # no attempt was queued
+
+
+def test_the_trainer_refuses_to_start_with_a_linked_checkpoints_folder(tmp_path):
+    import subprocess
+    import sys
+    _, _, run_dir, outside = _linked_run(tmp_path, "checkpoints")
+    p = subprocess.run([sys.executable, "-m", "vapo_engine.trainer", str(run_dir)], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"error: run directory {run_dir}" in p.stderr and str(run_dir / "checkpoints") in p.stderr
+    assert "Traceback" not in p.stderr and list(outside.iterdir()) == []

@@ -48,11 +48,18 @@ ROLLOUT_JSON, ROLLOUT_WEIGHTS = "rollout.json", "rollout_weights"
 """Remote rollouts (trainer/weight_sync.py): whether the trainer waits for its inference servers (or gave up on
 them), and where it writes the weights it pushes to them (unless rollout.weights_dir says elsewhere)."""
 CHECKPOINTS, DONE, TB, REPORT_PNG = "checkpoints", "DONE", "tb", "report.png"
+VALUE_MODEL, WANDB = "value_model", "wandb"
+SUBFOLDERS = (CHECKPOINTS, TB, ROLLOUT_WEIGHTS, VALUE_MODEL, WANDB)
+"""The folders the trainer and its sinks write inside a run directory: never through a symlink (`linked_subfolders`)."""
 HASH_LIMIT = 64 * 1024 * 1024  # files up to this size are hashed in the manifest; larger ones: size + structure
 
 
 class RunDirBusy(UserError):
     """Another live process holds the run directory's writer lock."""
+
+
+class LinkedSubfolder(UserError):
+    """A folder the trainer writes in the run directory (or a checkpoint in it) is a symlink."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,25 @@ class RunDir:
             raise storage_error(self.file(STATE_JSON), e) from None
 
     # --- checkpoints -------------------------------------------------------------------------------------------
+    def linked_subfolders(self) -> list[Path]:
+        """`SUBFOLDERS` and entries of checkpoints/ that are symlinks: the trainer's writes would land wherever
+        they point (whoever can write the run directory chooses that), and a linked checkpoint is not this
+        run's."""
+        links = [p for p in map(self.file, SUBFOLDERS) if p.is_symlink()]
+        if self.checkpoints.is_dir() and not self.checkpoints.is_symlink():
+            try:
+                links += sorted(p for p in self.checkpoints.iterdir() if p.is_symlink())
+            except OSError:
+                pass
+        return links
+
+    def refuse_linked_subfolders(self) -> None:
+        """`LinkedSubfolder` naming every linked folder and the fix (before a run starts or resumes)."""
+        if links := self.linked_subfolders():
+            raise LinkedSubfolder(f"run directory {self.path} has symbolic links where the trainer writes: "
+                                  + ", ".join(str(p) for p in links[:10]) + "; the trainer never writes through a "
+                                  "link: replace each with a real folder (or remove it), then start or resume again")
+
     def checkpoint_dirs(self) -> list[Path]:
         """Folders that carry a DONE marker, oldest first (not yet verified)."""
         if not self.checkpoints.is_dir():

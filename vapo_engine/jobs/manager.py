@@ -225,6 +225,7 @@ class RunManager:
         if holder:
             raise RunError(f"a worker (pid {holder.get('pid') or '?'}) is still writing run {run_id}'s directory; "
                            f"stop it first (stop_run('{run_id}', force=True)) or wait for it to end")
+        rd.refuse_linked_subfolders()
         ok, broken = rd.usable_checkpoints()
         damaged = "; ".join(f"{p.name}: {why}" for p, why in broken)
         if not ok:

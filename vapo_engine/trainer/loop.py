@@ -24,7 +24,7 @@ import torch
 
 from vapo_engine.rollout.evaluate import evaluate
 from vapo_engine.rollout.experience import Rollout, from_token_ids
-from vapo_engine.rundir import SUMMARY_JSON, RunDir
+from vapo_engine.rundir import SUMMARY_JSON, VALUE_MODEL, RunDir
 
 from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
@@ -235,7 +235,7 @@ def value_only(tr: Trainer, run_dir: Path, on_record, should_stop, t0: float, lo
     """`vapo-mcp pretrain-value`: value pretraining alone, then the value model as a HF directory (`<run
     dir>/value_model` or run.json's `value_out`) that runs start from with model.value_path."""
     status = "stopped" if pretrain_value(tr, on_record, should_stop) else "succeeded"
-    out = Path(RunDir(run_dir).meta().get("value_out") or run_dir / "value_model")
+    out = Path(RunDir(run_dir).meta().get("value_out") or run_dir / VALUE_MODEL)
     evs = [e for e in tr.history.pretrain_ev if math.isfinite(e)]
     summary = {"status": status, "mode": VALUE_ONLY, "run_id": tr.info.run_id, "steps": tr.pretrain_step,
                "value_path": str(out), "best_heldout_explained_var": max(evs) if evs else None,

@@ -126,7 +126,10 @@ def _warmup_constant(opt: torch.optim.Optimizer, warmup: int):
 
 def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, log=print) -> Trainer:
     """Everything for `run_dir`; with `resume`, weights and state come from the newest checkpoint that
-    verifies and loads (damaged ones are named and skipped, see checkpoint.load_newest)."""
+    verifies and loads (damaged ones are named and skipped, see checkpoint.load_newest). A run directory with a
+    symlink where the trainer writes (checkpoints/, tb/, …) is refused before anything loads."""
+    if write:
+        RunDir(run_dir).refuse_linked_subfolders()
     info, cfg = load_run(run_dir)
     world = init_world(cfg.distributed.backend, cfg.training.device)
     parallel = Parallel.of(cfg, world)
