@@ -10,7 +10,8 @@
 
 Every error is an OpenAI error object with the right status: 400 bad request or a prompt that does not fit the
 context (`context_length_exceeded`), 401 missing/wrong token (security.Guard), 404 unknown model or route, 405
-wrong method, 413 body over `MAX_BODY`, 421 foreign Host header, 500 a failure on the server — whose details
+wrong method, 408 a body slower than `--body-timeout`, 413 body over `MAX_BODY`, 421 foreign Host header,
+503 more requests in progress than `--max-concurrent` (limits.py), 500 a failure on the server — whose details
 go to the server log, never into the response. The generation itself runs in the engine's worker thread;
 this module only validates, queues, and relays the engine's events.
 """
@@ -29,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .limits import BODY_TIMEOUT_S, MAX_CONCURRENT, InFlightLimit, read_body
 from .protocol import (
     ApiError,
     ChatRequest,
@@ -52,16 +54,12 @@ ROUTES_TEXT = "GET /v1/models, POST /v1/chat/completions, GET /health, /rollout/
 
 
 async def _read_json(request: Request) -> Any:
-    declared = request.headers.get("content-length", "")
     too_big = ApiError(413, f"the request body is larger than {MAX_BODY // (1024 * 1024)} MiB; send a shorter "
                             "conversation", code="request_too_large")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise too_big
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY:
-            raise too_big
+    timeout_s = getattr(request.app.state, "body_timeout_s", BODY_TIMEOUT_S)
+    slow = ApiError(408, f"the request body did not arrive within {timeout_s:g} s of the request head; send it "
+                         "at once (the connection is closed)", code="request_timeout")
+    body = await read_body(request, MAX_BODY, too_big, slow, timeout_s)
     try:
         data = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
@@ -187,7 +185,8 @@ class Api:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    closing = {"connection": "close"} if exc.status == 408 else None  # the rest of a slow body is never read
+    return JSONResponse(exc.body(), status_code=exc.status, headers=closing)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -210,9 +209,11 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
-              default_max_tokens: int = 512, rollout=None):
-    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, and the Guard.
-    `rollout` (a `rollout_service.RolloutService`) adds the rollout protocol's routes."""
+              default_max_tokens: int = 512, rollout=None, max_concurrent: int = MAX_CONCURRENT,
+              body_timeout_s: float = BODY_TIMEOUT_S):
+    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, the Guard, and the
+    limits (limits.py: requests in progress, body read time). `rollout` (a `rollout_service.RolloutService`)
+    adds the rollout protocol's routes."""
     api = Api(served, engine, default_max_tokens=default_max_tokens, rollout=rollout)
     extra = RolloutRoutes(rollout, _read_json).routes() if rollout is not None else []
 
@@ -231,4 +232,5 @@ def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozen
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                         Exception: _server_error},
                     lifespan=lifespan)
-    return Guard(app, token=token, allowed_hosts=allowed_hosts)
+    app.state.body_timeout_s = body_timeout_s
+    return InFlightLimit(Guard(app, token=token, allowed_hosts=allowed_hosts), max_concurrent)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from vapo_engine.errors import UserError
 
+from .limits import BODY_TIMEOUT_S, MAX_CONCURRENT
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
@@ -29,6 +31,10 @@ class ServeOptions:
     log_level: str = "info"
     weight_root: Path | None = None
     """Where POST /rollout/load_weights may read weights from (None: it loads none)."""
+    max_concurrent: int = MAX_CONCURRENT
+    """Requests in progress at once; one more gets 503 (limits.py)."""
+    body_timeout_s: float = BODY_TIMEOUT_S
+    """Seconds a client has to send its whole request body; a slower one gets 408 (limits.py)."""
 
 
 def int_in(lo: int, hi: int):
@@ -69,6 +75,12 @@ def add_arguments(p: argparse.ArgumentParser, *, target_help: str) -> None:
     p.add_argument("--weight-root", metavar="DIR", help="let trainers push weights (POST /rollout/load_weights) "
                                                         "from directories under DIR (rollout.weights_dir, by "
                                                         "default under the run's directory); default: none")
+    p.add_argument("--max-concurrent", type=int_in(1, 100_000), default=MAX_CONCURRENT, metavar="N",
+                   help="requests in progress at once (streams count until they end); one more is answered 503 "
+                        f"'server busy' (default {MAX_CONCURRENT}; GET /health is never refused)")
+    p.add_argument("--body-timeout", type=int_in(1, 3600), default=int(BODY_TIMEOUT_S), dest="body_timeout_s",
+                   metavar="SECONDS",
+                   help=f"seconds a client has to send its whole request body, else 408 (default {BODY_TIMEOUT_S:g})")
 
 
 def options_from(args: argparse.Namespace, target: str | Path) -> ServeOptions:
@@ -79,4 +91,5 @@ def options_from(args: argparse.Namespace, target: str | Path) -> ServeOptions:
                         model_name=args.model_name, max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                         default_max_tokens=args.default_max_tokens, device=args.device, dtype=args.dtype,
                         allowed_hosts=tuple(args.allowed_host), log_level=args.log_level,
-                        weight_root=Path(args.weight_root).expanduser() if args.weight_root else None)
+                        weight_root=Path(args.weight_root).expanduser() if args.weight_root else None,
+                        max_concurrent=args.max_concurrent, body_timeout_s=float(args.body_timeout_s))

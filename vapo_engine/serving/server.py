@@ -45,7 +45,7 @@ def prepare(opts: ServeOptions, token: str | None = None) -> Prepared:
     hosts = allowed_host_names(opts.host, opts.allowed_hosts)
     rollout = RolloutService(served, weight_root=opts.weight_root)
     app = build_app(served, engine, token=token, allowed_hosts=hosts, default_max_tokens=opts.default_max_tokens,
-                    rollout=rollout)
+                    rollout=rollout, max_concurrent=opts.max_concurrent, body_timeout_s=opts.body_timeout_s)
     return Prepared(app, source, served, engine, name, hosts, rollout)
 
 
