@@ -8,7 +8,8 @@ character tokenizer as BPE), the weights with `AutoModelForCausalLM` from safete
 `generation_config` is replaced by an empty one, so only the request's temperature / top_p apply, exactly as
 in the run's rollouts and evaluation (`vapo_engine.rollout.backends.hf`, which the engine calls).
 
-Prompt: the tokenizer's chat template when it has one (`add_generation_prompt=True`); otherwise the last user
+Prompt: the tokenizer's chat template when it has one (`add_generation_prompt=True`; a message whose content
+holds a special token's text is a 400, since the tokenizer would parse it into that control token); otherwise the last user
 message's content as-is, tokenized like the run's evaluation tokenizes a task prompt (the built-in model has
 no template, so `0047+0385=` sent as the user message is exactly the held-out prompt).
 """
@@ -64,6 +65,8 @@ class ServedModel:
     context: int
     source: str
     has_template: bool = False
+    controls: tuple[str, ...] = ()
+    """The text of the tokenizer's special tokens (`control_tokens`): refused inside templated message content."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serialises tokenizer use: a fast tokenizer's backend is mutated by each encode call (padding and
     truncation settings), and the engine thread decodes while the event loop encodes new prompts."""
@@ -82,6 +85,7 @@ class ServedModel:
     def prompt_ids(self, messages) -> list[int]:
         """Token ids of the prompt for a validated message list; `ApiError` 400 when unusable."""
         if self.has_template:
+            self._no_control_tokens(messages)
             try:
                 text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
                                                           tokenize=False)
@@ -98,6 +102,16 @@ class ServedModel:
         if not ids:
             raise bad_request("the prompt encodes to no tokens; send some text", "messages")
         return ids
+
+    def _no_control_tokens(self, messages) -> None:
+        """400 naming `messages[i].content` when it holds a special token's text: the tokenizer would turn it into
+        that token, so a message could close its turn and open another role's."""
+        for i, m in enumerate(messages):
+            hit = next((c for c in self.controls if c in m["content"]), None)
+            if hit is not None:
+                raise bad_request(f"messages[{i}].content contains {hit[:40]!r}, a control token of this model's "
+                                  "chat template; remove it (message text cannot open or close a turn)",
+                                  f"messages[{i}].content", code="control_token_in_content")
 
     def budget(self, prompt_len: int, asked: int | None, default: int) -> int:
         """New tokens allowed for a prompt of `prompt_len` tokens; 400 when it cannot fit the context."""
@@ -137,4 +151,13 @@ def load_served_model(model_dir: str | Path, name: str, *, device: str = "auto",
     limits = [v for v in (getattr(model.config, "max_position_embeddings", None),
                           getattr(tok, "model_max_length", None)) if isinstance(v, int) and 0 < v < 10**8]
     return ServedModel(model, tok, name, dev, pad, eos, min(limits) if limits else 4096, str(path),
-                       has_template=bool(getattr(tok, "chat_template", None)))
+                       has_template=bool(getattr(tok, "chat_template", None)), controls=control_tokens(tok))
+
+
+def control_tokens(tok) -> tuple[str, ...]:
+    """The text of every special token the tokenizer parses out of plain text (its special tokens and added
+    tokens marked special), longest first."""
+    found = {str(t) for t in getattr(tok, "all_special_tokens", None) or []}
+    found |= {str(t.content) for t in (getattr(tok, "added_tokens_decoder", None) or {}).values()
+              if getattr(t, "special", False)}
+    return tuple(sorted((t for t in found if t), key=len, reverse=True))
