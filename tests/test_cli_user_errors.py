@@ -111,6 +111,47 @@ def test_resume_refuses_set_preset_and_tag(capsys, ws, extra, named):
     assert code == 2 and named in err and "--resume" in err and "keeps the config" in err
 
 
+# --- Ctrl-C while `train` follows a run ----------------------------------------------------------------------
+
+def _ctrl_c_manager(ws: list[str]):
+    """The workspace's real run manager, except that the user presses Ctrl-C whenever the follow loop waits."""
+    from vapo_engine.config import load_settings
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.runs import runs_root
+
+    class CtrlC(RunManager):
+        def tick(self):
+            raise KeyboardInterrupt
+
+    settings_path = Path(ws[3])
+    return CtrlC(runs_root(load_settings(settings_path), settings_path))
+
+
+def test_ctrl_c_twice_while_following_detaches_cleanly_and_says_how_to_follow_and_stop(capsys, ws, tmp_path):
+    """The follow loop of `vapo-mcp train` with a real run manager; the user's Ctrl-C arrives in its wait (where
+    a person's keypress lands almost always). The first asks for a graceful stop, the second detaches: no
+    error line, and the commands to follow, stop and continue the run."""
+    from server.cli.train_cmd import _follow
+    _add_run(ws, "r-live", "running")
+    mgr = _ctrl_c_manager(ws)
+    assert _follow(mgr, "r-live", tmp_path / "worker.log", quiet=False) is None
+    out, err = capsys.readouterr()
+    assert "error" not in (out + err).lower() and err == ""
+    assert "stopping run r-live after a checkpoint" in out and "detached: run r-live goes on in the background" in out
+    for command in ("vapo-mcp runs status r-live", "vapo-mcp runs stop r-live --force",
+                    "vapo-mcp train --resume r-live"):
+        assert command in out
+
+
+def test_ctrl_c_on_a_queued_run_cancels_it_and_ends_the_follow(capsys, ws, tmp_path):
+    from server.cli.train_cmd import _follow
+    _add_run(ws, "r-wait", "queued")
+    mgr = _ctrl_c_manager(ws)
+    rec = _follow(mgr, "r-wait", tmp_path / "worker.log", quiet=False)
+    out, _ = capsys.readouterr()
+    assert rec is not None and rec.state.value == "stopped" and "Ctrl-C cancels this run" in out
+
+
 # --- diagnose, data, command groups -------------------------------------------------------------------------
 
 def test_diagnose_code_with_a_missing_path(capsys, ws, tmp_path):
