@@ -101,6 +101,29 @@ def test_report_of_a_run_without_steps_says_so(capsys, ws):
     assert "0.000" not in out and "step 0" not in out
 
 
+@pytest.mark.parametrize("state, commands", [
+    ("stopped", ["vapo-mcp runs resume r-x"]),
+    ("failed", ["vapo-mcp diagnose --log ", "vapo-mcp runs resume r-x"]),
+    ("running", ["vapo-mcp runs status r-x", "vapo-mcp report r-x", "vapo-mcp runs stop r-x"]),
+])
+def test_runs_status_suggests_cli_commands_not_tool_calls(capsys, ws, state, commands):
+    _add_run(ws, "r-x", state)
+    code, out, _ = cli(capsys, "runs", "status", "r-x", *ws)
+    nxt = next(line for line in out.splitlines() if line.strip().startswith("next:"))
+    assert code == 0 and all(c in nxt for c in commands), nxt
+    assert not any(t in nxt for t in ("resume_run", "stop_run", "run_status", "report_metrics", "diagnose_error")), nxt
+
+
+def test_the_run_status_tool_still_suggests_tool_calls(ws):
+    from tools import access
+    from tools.paths import files
+    from tools.training import run_status
+    _add_run(ws, "r-y", "stopped")
+    with access.applied(access.Policy("stdio")):
+        nxt = run_status(files(ws[1], ws[3]), "r-y").next_steps
+    assert nxt == ["resume_run('r-y') to continue"]
+
+
 # --- train --resume -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, named", [(["--set", "vapo.alpha=0.5"], "--set"), (["--preset", "cpu-demo"], "--preset"),
