@@ -64,6 +64,34 @@ def test_a_folder_as_config_says_so_and_names_the_file_inside(capsys, ws, tmp_pa
     assert code == 2 and "is a folder, not a file" in err and len(err.strip().splitlines()) == 1
 
 
+# --- config check: local paths ------------------------------------------------------------------------------
+
+def test_config_check_reports_each_missing_local_path_with_its_field_and_fix(capsys, ws, tmp_path):
+    code, _, err = cli(capsys, "config", "check", *ws, "--set", "model.local_path=Qwen/Qwen2.5-0.5B",
+                       "--set", f"model.value_path={tmp_path / 'no-value'}", "--set", f"data.data_dir={tmp_path / 'nd'}",
+                       "--set", "data.train=mine", "--set", f"eval.benchmark={tmp_path / 'held.jsonl'}")
+    assert code == 2 and "4 error(s)" in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    local, value, train, bench = (next(x for x in lines if key in x) for key in
+                                  ("model.local_path", "model.value_path", "data.train", "eval.benchmark"))
+    assert "looks like a Hugging Face Hub id" in local and "hf download Qwen/Qwen2.5-0.5B" in local
+    assert f"{tmp_path / 'no-value'} does not exist" in value and "Fix:" in value
+    assert f"{tmp_path / 'nd' / 'mine.jsonl'} does not exist" in train and "builtin:addition" in train
+    assert f"{tmp_path / 'held.jsonl'} does not exist" in bench
+
+
+def test_config_check_accepts_builtins_registered_benchmarks_and_real_folders(capsys, ws, tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    code, out, err = cli(capsys, "config", "check", *ws, "--set", f"model.value_path={model}",
+                         "--set", f"data.data_dir={tmp_path / 'not-yet'}", "--set", "data.train=builtin:addition",
+                         "--set", "eval.benchmark=math500")
+    assert code == 0 and "OK: configuration is valid" in out, err
+    code, _, err = cli(capsys, "config", "check", *ws, "--set", f"model.local_path={tmp_path}")
+    assert code == 2 and f"{tmp_path} is not a Hugging Face model folder (no config.json)" in err
+
+
 # --- runs, report -------------------------------------------------------------------------------------------
 
 def test_runs_list_with_no_runs_says_so(capsys, ws):
