@@ -203,6 +203,33 @@ def test_cli_fetches_lists_and_reports_errors_without_a_traceback(hub, tmp_path,
     assert f"--revision 2fe88a2f1091` and run `vapo-mcp data fetch aime_2024 --data-dir {data}` again" in err
 
 
+def test_cli_fetch_offline_is_one_line_per_benchmark_and_goes_on_with_the_others(hub, tmp_path, capsys,
+                                                                               monkeypatch):
+    from huggingface_hub.utils import _http
+
+    from server.cli import main
+    data = tmp_path / "d"
+    assert main(["data", "fetch", "math500", "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    monkeypatch.setattr(_http.time, "sleep", lambda s: None)  # the library's retry backoff is not our subject
+    assert main(["data", "fetch", "aime_2024", "math500", "aime_2025", "--data-dir", str(data)]) == 2
+    out, err = capsys.readouterr()
+    assert "math500: 2 problems" in out and "already present" in out
+    lines = err.strip().splitlines()
+    assert [line.split(":")[1].strip() for line in lines[:2]] == ["aime_2024", "aime_2025"], err
+    assert all(f"{closed} could not be reached" in line and "Fix:" in line for line in lines[:2]), err
+    assert len(lines) == 3 and "2 of 3 benchmarks could not be fetched" in lines[2], err
+    assert "Retry" not in err and "thrown while requesting" not in err and "Traceback" not in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["data", "fetch", "aime_2024", "--data-dir", str(data), "--json"]) == 2
+    failed = json.loads(capsys.readouterr().out)["failed"]
+    assert [f["name"] for f in failed] == ["aime_2024"] and "HF_HUB_OFFLINE=1" in failed[0]["error"]
+
+
 def test_a_run_config_naming_benchmarks_fetches_them_when_it_is_validated(hub, project, monkeypatch):
     from tools.paths import files
     from tools.training import prepare_config

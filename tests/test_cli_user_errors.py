@@ -64,6 +64,34 @@ def test_a_folder_as_config_says_so_and_names_the_file_inside(capsys, ws, tmp_pa
     assert code == 2 and "is a folder, not a file" in err and len(err.strip().splitlines()) == 1
 
 
+# --- config check: local paths ------------------------------------------------------------------------------
+
+def test_config_check_reports_each_missing_local_path_with_its_field_and_fix(capsys, ws, tmp_path):
+    code, _, err = cli(capsys, "config", "check", *ws, "--set", "model.local_path=Qwen/Qwen2.5-0.5B",
+                       "--set", f"model.value_path={tmp_path / 'no-value'}", "--set", f"data.data_dir={tmp_path / 'nd'}",
+                       "--set", "data.train=mine", "--set", f"eval.benchmark={tmp_path / 'held.jsonl'}")
+    assert code == 2 and "4 error(s)" in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    local, value, train, bench = (next(x for x in lines if key in x) for key in
+                                  ("model.local_path", "model.value_path", "data.train", "eval.benchmark"))
+    assert "looks like a Hugging Face Hub id" in local and "hf download Qwen/Qwen2.5-0.5B" in local
+    assert f"{tmp_path / 'no-value'} does not exist" in value and "Fix:" in value
+    assert f"{tmp_path / 'nd' / 'mine.jsonl'} does not exist" in train and "builtin:addition" in train
+    assert f"{tmp_path / 'held.jsonl'} does not exist" in bench
+
+
+def test_config_check_accepts_builtins_registered_benchmarks_and_real_folders(capsys, ws, tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    code, out, err = cli(capsys, "config", "check", *ws, "--set", f"model.value_path={model}",
+                         "--set", f"data.data_dir={tmp_path / 'not-yet'}", "--set", "data.train=builtin:addition",
+                         "--set", "eval.benchmark=math500")
+    assert code == 0 and "OK: configuration is valid" in out, err
+    code, _, err = cli(capsys, "config", "check", *ws, "--set", f"model.local_path={tmp_path}")
+    assert code == 2 and f"{tmp_path} is not a Hugging Face model folder (no config.json)" in err
+
+
 # --- runs, report -------------------------------------------------------------------------------------------
 
 def test_runs_list_with_no_runs_says_so(capsys, ws):
@@ -101,6 +129,29 @@ def test_report_of_a_run_without_steps_says_so(capsys, ws):
     assert "0.000" not in out and "step 0" not in out
 
 
+@pytest.mark.parametrize("state, commands", [
+    ("stopped", ["vapo-mcp runs resume r-x"]),
+    ("failed", ["vapo-mcp diagnose --log ", "vapo-mcp runs resume r-x"]),
+    ("running", ["vapo-mcp runs status r-x", "vapo-mcp report r-x", "vapo-mcp runs stop r-x"]),
+])
+def test_runs_status_suggests_cli_commands_not_tool_calls(capsys, ws, state, commands):
+    _add_run(ws, "r-x", state)
+    code, out, _ = cli(capsys, "runs", "status", "r-x", *ws)
+    nxt = next(line for line in out.splitlines() if line.strip().startswith("next:"))
+    assert code == 0 and all(c in nxt for c in commands), nxt
+    assert not any(t in nxt for t in ("resume_run", "stop_run", "run_status", "report_metrics", "diagnose_error")), nxt
+
+
+def test_the_run_status_tool_still_suggests_tool_calls(ws):
+    from tools import access
+    from tools.paths import files
+    from tools.training import run_status
+    _add_run(ws, "r-y", "stopped")
+    with access.applied(access.Policy("stdio")):
+        nxt = run_status(files(ws[1], ws[3]), "r-y").next_steps
+    assert nxt == ["resume_run('r-y') to continue"]
+
+
 # --- train --resume -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, named", [(["--set", "vapo.alpha=0.5"], "--set"), (["--preset", "cpu-demo"], "--preset"),
@@ -109,6 +160,47 @@ def test_resume_refuses_set_preset_and_tag(capsys, ws, extra, named):
     _add_run(ws, "r-stopped", "stopped")
     code, _, err = cli(capsys, "train", *ws, "--resume", "r-stopped", *extra)
     assert code == 2 and named in err and "--resume" in err and "keeps the config" in err
+
+
+# --- Ctrl-C while `train` follows a run ----------------------------------------------------------------------
+
+def _ctrl_c_manager(ws: list[str]):
+    """The workspace's real run manager, except that the user presses Ctrl-C whenever the follow loop waits."""
+    from vapo_engine.config import load_settings
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.runs import runs_root
+
+    class CtrlC(RunManager):
+        def tick(self):
+            raise KeyboardInterrupt
+
+    settings_path = Path(ws[3])
+    return CtrlC(runs_root(load_settings(settings_path), settings_path))
+
+
+def test_ctrl_c_twice_while_following_detaches_cleanly_and_says_how_to_follow_and_stop(capsys, ws, tmp_path):
+    """The follow loop of `vapo-mcp train` with a real run manager; the user's Ctrl-C arrives in its wait (where
+    a person's keypress lands almost always). The first asks for a graceful stop, the second detaches: no
+    error line, and the commands to follow, stop and continue the run."""
+    from server.cli.train_cmd import _follow
+    _add_run(ws, "r-live", "running")
+    mgr = _ctrl_c_manager(ws)
+    assert _follow(mgr, "r-live", tmp_path / "worker.log", quiet=False) is None
+    out, err = capsys.readouterr()
+    assert "error" not in (out + err).lower() and err == ""
+    assert "stopping run r-live after a checkpoint" in out and "detached: run r-live goes on in the background" in out
+    for command in ("vapo-mcp runs status r-live", "vapo-mcp runs stop r-live --force",
+                    "vapo-mcp train --resume r-live"):
+        assert command in out
+
+
+def test_ctrl_c_on_a_queued_run_cancels_it_and_ends_the_follow(capsys, ws, tmp_path):
+    from server.cli.train_cmd import _follow
+    _add_run(ws, "r-wait", "queued")
+    mgr = _ctrl_c_manager(ws)
+    rec = _follow(mgr, "r-wait", tmp_path / "worker.log", quiet=False)
+    out, _ = capsys.readouterr()
+    assert rec is not None and rec.state.value == "stopped" and "Ctrl-C cancels this run" in out
 
 
 # --- diagnose, data, command groups -------------------------------------------------------------------------

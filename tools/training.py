@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,7 +14,7 @@ from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
 from vapo_engine.providers.redaction import scrub_model
-from vapo_engine.rundir import CONFIG_JSON
+from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.sinks import sink_factories
 from vapo_engine.tasks import TaskError, get_task
@@ -198,15 +199,13 @@ def list_runs(f: Files, *, state: str | None = None, experiment: str | None = No
 def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     views = views_for(f, tick=True)
     snap = views.get(run_id)
-    nxt = {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
-           "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
-                       f"stop_run('{run_id}') to stop after a checkpoint"],
-           "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
-           "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
-           "stopped": [f"resume_run('{run_id}') to continue"]}[snap.record.state.value]
+    cli = not access.current().is_tool_call
+    nxt = _next_steps(run_id, snap.record.state.value, cli=cli, log=snap.rundir.file(WORKER_LOG))
     down = snap.provider_down()
     if down is not None:
-        nxt = [*nxt, "fix the channel (provider_down says how), check_channel, then resume_run to use it again"]
+        nxt = [*nxt, (f"fix the channel (provider_down says how), vapo-mcp check, then vapo-mcp runs resume "
+                      f"{run_id} to use it again" if cli else
+                      "fix the channel (provider_down says how), check_channel, then resume_run to use it again")]
     provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
                 if down is not None else None)
     view, servers = _view(snap), snap.rollout_servers()
@@ -217,6 +216,24 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     status = RunStatus(run=view, log_tail=snap.log_tail(log_lines), provider_down=provider, rollout_servers=servers,
                        next_steps=nxt, skipped=views.skipped())
     return scrub_model(status, known_secrets(f))  # the log and the run files may hold the key or any credential
+
+
+def _next_steps(run_id: str, state: str, *, cli: bool, log: Path) -> list[str]:
+    """What to do next with a run in `state`: tool calls for an MCP client, `vapo-mcp` commands at the CLI."""
+    if cli:
+        return {"queued": ["wait: it starts when the running run finishes (vapo-mcp runs list shows the queue)"],
+                "running": [f"vapo-mcp runs status {run_id} again", f"vapo-mcp report {run_id} for curves",
+                            f"vapo-mcp runs stop {run_id} to stop after a checkpoint"],
+                "succeeded": [f"vapo-mcp report {run_id}"],
+                "failed": [f"vapo-mcp diagnose --log {log}",
+                           f"vapo-mcp runs resume {run_id} if a checkpoint exists"],
+                "stopped": [f"vapo-mcp runs resume {run_id} to continue"]}[state]
+    return {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
+            "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
+                        f"stop_run('{run_id}') to stop after a checkpoint"],
+            "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
+            "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
+            "stopped": [f"resume_run('{run_id}') to continue"]}[state]
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:

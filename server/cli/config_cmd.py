@@ -2,7 +2,8 @@
 
 Redacted means: the key as prefix + last 4 + length, no `user:pass@` credentials of a base URL, no key pasted
 into `api.api_key_env` (or into a header, a model id, a tag, a `--set` value), in the text and in `--json`.
-It also says how the model will get its prompts (vapo_engine.prompts: its chat template or plain text, read
+Every local path of the config (model folders, data files) is checked on disk (vapo_engine.config.local_paths):
+a missing one is an error naming the field, the path and the fix. It also says how the model will get its prompts (vapo_engine.prompts: its chat template or plain text, read
 from the model directory's files) and fails when `model.prompt_format = "chat"` meets a model without one.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from vapo_engine.config import config_warnings, load_config, load_settings, resolve_channel
 from vapo_engine.config.errors import ConfigError, ConfigIssue
+from vapo_engine.config.local_paths import local_path_issues
 from vapo_engine.config.secrets import redact_tokens, safe_config_dump, safe_settings_dump
 from vapo_engine.prompts import NO_TEMPLATE_FIX, check_prompts
 from vapo_engine.providers import scrub
@@ -44,6 +46,8 @@ def check(args) -> int:
     prompts = check_prompts(config.model, Path(args.config).resolve().parent) if config else None
     if prompts and prompts.problem:
         errors.append(ConfigIssue(args.config, "model.prompt_format", prompts.problem, NO_TEMPLATE_FIX))
+    if config:
+        errors += local_path_issues(config, args.config)
     if errors:
         _print_issues("error", errors, args.json)
         return 2

@@ -6,16 +6,18 @@
 A run fetches a missing registered benchmark by itself when its config is validated; `data fetch` does the
 same up front (on a login node with network, say, before training on an offline compute node). The data
 folder is `--data-dir`, else config.toml's `data.data_dir` (relative to config.toml's folder), else ./data.
-Errors (offline, unreachable Hub, HTTP 404, a malformed source, pyarrow missing) print the fix without a
-traceback, exit 2.
+Errors (offline, unreachable Hub, HTTP 404, a malformed source, pyarrow missing) print one line per benchmark
+with the fix, without a traceback or the Hub library's retry lines; the other names are still fetched; exit 2
+when any failed.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from tools.paths import CONFIG_ENV
-from vapo_engine.tasks import BENCHMARKS, benchmark_names, fetch_benchmark, load_jsonl
+from vapo_engine.tasks import BENCHMARKS, TaskError, benchmark_names, fetch_benchmark, load_jsonl
 
 from .common import UserError, add_json_option, print_json
 
@@ -84,17 +86,26 @@ def _fetch(args) -> int:
         raise UserError(f"unknown benchmark name(s): {', '.join(unknown)}. Fix: use one of "
                         f"{', '.join(benchmark_names())} (or put your own <data_dir>/<name>.jsonl in place).")
     folder = data_dir_for(args)
-    done = []
+    done, failed = [], []
     for name in dict.fromkeys(args.names):
         bench = BENCHMARKS[name]
         existed = (folder / f"{name}.jsonl").is_file() and not args.force
-        path = fetch_benchmark(name, folder, force=args.force)
+        try:
+            path = fetch_benchmark(name, folder, force=args.force)
+        except TaskError as e:  # one line per benchmark that failed, with its fix; the others are still tried
+            failed.append({"name": name, "error": str(e)})
+            if not args.json:
+                print(f"error: {name}: {e}", file=sys.stderr, flush=True)
+            continue
         done.append({"name": name, "path": str(path), "problems": len(load_jsonl(path)),
                      "fetched": not existed, "source": f"{bench.repo_id}@{bench.revision}"})
         if not args.json:
             how = ("already present (--force fetches it again)" if existed
                    else f"from {bench.repo_id}@{bench.short_revision}")
-            print(f"{name}: {done[-1]['problems']} problems -> {path} ({how})")
+            print(f"{name}: {done[-1]['problems']} problems -> {path} ({how})", flush=True)
     if args.json:
-        print_json({"data_dir": str(folder), "benchmarks": done})
-    return 0
+        print_json({"data_dir": str(folder), "benchmarks": done, "failed": failed})
+    elif failed and done:
+        print(f"{len(failed)} of {len(failed) + len(done)} benchmarks could not be fetched: "
+              f"{', '.join(f['name'] for f in failed)} (each error above says how to fix it)", file=sys.stderr)
+    return 2 if failed else 0

@@ -3,7 +3,7 @@
 The run is an ordinary background job of the run manager (the same as `start_training`): registered,
 queued behind a running job, supervised with a heartbeat. This command prints the worker's progress lines
 as they come and the final summary; Ctrl-C asks the run to stop gracefully (checkpoint first), a second
-Ctrl-C leaves it running in the background (`vapo-mcp runs status RUN_ID`).
+Ctrl-C detaches (exit 130): the run goes on stopping in the background (`vapo-mcp runs status RUN_ID`).
 """
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def run(args, **mode) -> int:
     print(f"run {view.run_id}: {view.run_dir}", flush=True)
     mgr, _ = manager_for(f)
     rec = _follow(mgr, view.run_id, RunDir(view.run_dir).file(WORKER_LOG), quiet=args.json)
+    if rec is None:  # detached (a second Ctrl-C): the run goes on in the background
+        return 130
     summary = RunDir(rec.run_dir).summary() if rec.state.value in ("succeeded", "stopped") else {}
     if args.json:
         print_json({"run_id": rec.run_id, "state": rec.state.value, "message": rec.message, **summary})
@@ -71,7 +73,8 @@ def run(args, **mode) -> int:
 
 
 def _follow(mgr, run_id: str, log: Path, *, quiet: bool):
-    """Print the worker log as it grows until the run is terminal; Ctrl-C → graceful stop, twice → detach."""
+    """Print the worker log as it grows until the run is terminal and return its record; Ctrl-C → graceful
+    stop, twice → detach (say how to follow and stop the run, return None)."""
     pos, asked_stop, waiting_said = 0, False, False
     while True:
         try:
@@ -81,16 +84,26 @@ def _follow(mgr, run_id: str, log: Path, *, quiet: bool):
                 _print_new(log, pos, quiet)
                 return rec
             if rec.state.value == "queued" and not waiting_said:
-                print("queued: another run is using the device; waiting (Ctrl-C twice to detach)", flush=True)
+                print("queued: another run is using the device; waiting (Ctrl-C cancels this run)", flush=True)
                 waiting_said = True
             time.sleep(0.5)
             mgr.tick()
         except KeyboardInterrupt:
             if asked_stop:
-                raise UserError(f"detached; the run continues: vapo-mcp runs status {run_id}") from None
-            print("\nstopping after a checkpoint (Ctrl-C again to detach) ...", flush=True)
+                print(detached_message(run_id), flush=True)
+                return None
+            print(f"\nstopping run {run_id} after a checkpoint (Ctrl-C again to detach: it goes on stopping in the "
+                  "background) ...", flush=True)
             mgr.stop(run_id)
             asked_stop = True
+
+
+def detached_message(run_id: str) -> str:
+    """What a second Ctrl-C prints: the run was asked to stop and goes on doing so without this terminal."""
+    return (f"\ndetached: run {run_id} goes on in the background (it was asked to stop after a checkpoint).\n"
+            f"  follow it: vapo-mcp runs status {run_id}\n"
+            f"  stop now:  vapo-mcp runs stop {run_id} --force\n"
+            f"  continue:  vapo-mcp train --resume {run_id} (once it has stopped)")
 
 
 def _print_new(log: Path, pos: int, quiet: bool) -> int:

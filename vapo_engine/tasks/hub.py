@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .base import TaskError
@@ -78,12 +79,27 @@ def _download(bench: Benchmark, filename: str, target: Path, *, force: bool) -> 
 
     endpoint, offline, cache = hub_settings()
     try:
-        return Path(hf_hub_download(bench.repo_id, filename, repo_type="dataset", revision=bench.revision,
-                                    endpoint=endpoint, cache_dir=cache, local_files_only=offline,
-                                    force_download=force and not offline))
+        with _quiet_hub():
+            return Path(hf_hub_download(bench.repo_id, filename, repo_type="dataset", revision=bench.revision,
+                                        endpoint=endpoint, cache_dir=cache, local_files_only=offline,
+                                        force_download=force and not offline))
     except Exception as e:  # noqa: BLE001 - any failure to get the file leaves the user the same three ways out
         why = _why(e, bench, filename, endpoint or constants.ENDPOINT, offline)
         raise TaskError(f"{target}: {why} {fix_hint(bench, target)}.") from None
+
+
+@contextmanager
+def _quiet_hub():
+    """huggingface_hub's own warnings off (its "Retrying in 1s [Retry 1/5]" lines for an unreachable Hub): the
+    failure comes back as one TaskError with the fix instead."""
+    import logging
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub_log.setLevel(level)
 
 
 def _why(e: Exception, bench: Benchmark, filename: str, endpoint: str, offline: bool) -> str:
