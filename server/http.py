@@ -1,14 +1,20 @@
 """Streamable-HTTP mode for headless servers: bearer token (of at least `MIN_TOKEN_CHARS` characters),
-loopback-only without one, DNS-rebinding protection, and an unauthenticated /health route."""
+loopback-only without one, DNS-rebinding protection, and an unauthenticated /health route.
+
+Slow clients are bounded at every stage: the request head by the header timeout (header_timeout.py), the body
+by `--body-timeout` (default `BODY_TIMEOUT_S`; 408 and the connection closed) and `MAX_BODY` (413), an idle
+keep-alive connection by `KEEP_ALIVE_S`, the crowd by `MAX_CONNECTIONS`. The bearer token is checked on the
+headers, before any of the body is read."""
 from __future__ import annotations
 
 import hmac
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from vapo_engine.serving.limits import BODY_TIMEOUT_S, BodyTimeout
 from vapo_engine.serving.security import MIN_TOKEN_CHARS, TOKEN_ENV, check_bind
 
-__all__ = ["MIN_TOKEN_CHARS", "TOKEN_ENV", "check_token", "http_app", "serve_http"]
+__all__ = ["BODY_TIMEOUT_S", "MAX_BODY", "MIN_TOKEN_CHARS", "TOKEN_ENV", "check_token", "http_app", "serve_http"]
 check_token = check_bind
 """One set of bind rules for both servers (this MCP server and serve-model): vapo_engine.serving.security."""
 SESSION_IDLE_S, MAX_SESSIONS = 600.0, 256
@@ -17,6 +23,8 @@ next one with an error until one expires)."""
 MAX_CONNECTIONS, KEEP_ALIVE_S = 256, 5
 """Open connections at once (beyond: 503), and how long an idle keep-alive connection is held. A connection
 that does not finish its request headers in time is closed too (vapo_engine/serving/header_timeout.py)."""
+MAX_BODY = 16 * 1024 * 1024
+"""The largest request body (an MCP message) accepted; a larger one gets 413."""
 UNAUTHORIZED = b'{"error": "missing or wrong bearer token (Authorization: Bearer $VAPO_MCP_TOKEN)"}'
 
 
@@ -57,23 +65,25 @@ def security_settings(host: str, allowed_hosts: list[str]) -> TransportSecurityS
                                      allowed_origins=origins)
 
 
-def http_app(server, *, host: str, token: str | None, allowed_hosts: list[str] = (), path: str = "/mcp"):
-    """The ASGI app: MCP at `path`, /health open, everything else behind the bearer token."""
+def http_app(server, *, host: str, token: str | None, allowed_hosts: list[str] = (), path: str = "/mcp",
+             body_timeout_s: float = BODY_TIMEOUT_S):
+    """The ASGI app: MCP at `path`, /health open, everything else behind the bearer token (checked first, on
+    the headers); a request body must then arrive within `body_timeout_s` (else 408, connection closed)."""
     check_token(host, token)
     app = server.streamable_http_app(streamable_http_path=path, host=host,
                                      transport_security=security_settings(host, list(allowed_hosts)),
                                      session_idle_timeout=SESSION_IDLE_S, max_sessions=MAX_SESSIONS)
-    return BearerAuth(app, token)
+    return BearerAuth(BodyTimeout(app, body_timeout_s, limit=MAX_BODY), token)
 
 
 def serve_http(server, *, host: str, port: int, token: str | None, allowed_hosts: list[str] = (),
-               log_level: str = "info") -> None:
+               log_level: str = "info", body_timeout_s: float = BODY_TIMEOUT_S) -> None:
     import uvicorn
 
     from vapo_engine.serving.header_timeout import protocol
     from vapo_engine.serving.listen import bind_listen_socket
     sock = bind_listen_socket(host, port)  # a port in use or out of range: one error naming it, exit 2
-    app = http_app(server, host=host, token=token, allowed_hosts=allowed_hosts)
+    app = http_app(server, host=host, token=token, allowed_hosts=allowed_hosts, body_timeout_s=body_timeout_s)
     config = uvicorn.Config(app, log_level=log_level, limit_concurrency=MAX_CONNECTIONS,
                             timeout_keep_alive=KEEP_ALIVE_S, http=protocol())
     uvicorn.Server(config).run(sockets=[sock])

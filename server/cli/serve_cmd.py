@@ -9,7 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-from .common import UserError, add_file_options, port_number
+from vapo_engine.serving.limits import BODY_TIMEOUT_S
+
+from .common import UserError, add_file_options, port_number, positive_int
 
 
 def register(sub) -> None:
@@ -23,6 +25,9 @@ def register(sub) -> None:
     p.add_argument("--allow-path", action="append", default=[], metavar="DIR",
                    help="with --http: a folder HTTP clients may name paths under, besides the project, the log "
                         "dir and the data dir; repeatable")
+    p.add_argument("--body-timeout", type=positive_int(3600), default=int(BODY_TIMEOUT_S), metavar="SECONDS",
+                   dest="body_timeout_s", help="with --http: seconds a client has to send its whole request body "
+                   f"after the request head, else 408 and the connection is closed (default {BODY_TIMEOUT_S:g})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve)
 
@@ -58,5 +63,5 @@ def serve(args) -> int:
     check_token(args.host, token)
     server = build_server(Policy("http", allowed_folders(args.allow_path)))
     serve_http(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allowed_host,
-               log_level=args.log_level)
+               log_level=args.log_level, body_timeout_s=float(args.body_timeout_s))
     return 0

@@ -6,10 +6,15 @@
 - `BODY_TIMEOUT_S`: the whole request body must arrive within this many seconds of the request head
   (`read_body`, used by every route that reads one); a slower one gets 408 and the connection is closed. The
   head itself is bounded by header_timeout.py (uvicorn), the body's size by the app's `MAX_BODY`.
+- `BodyTimeout`: the same rule as middleware, for an app that reads its bodies itself (the MCP server's HTTP
+  mode, where the MCP SDK reads them): the body is read here with `read_body`, a slow one gets 408 and the
+  connection is closed, and the app gets the whole body in one message.
 """
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 
 from .security import error_body
 
@@ -66,3 +71,56 @@ async def read_body(request, limit: int, too_big: Exception, slow: Exception, ti
         return await asyncio.wait_for(collect(), timeout_s)
     except TimeoutError:
         raise slow from None
+
+
+class _Slow(Exception):
+    pass
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _plain_error(message: str, code: str) -> bytes:
+    return json.dumps({"error": message, "code": code}).encode()
+
+
+class BodyTimeout:
+    """ASGI middleware: each HTTP request's whole body must arrive within `timeout_s` seconds of its head and be
+    at most `limit` bytes, else 408 (and the connection is closed: the rest of the body is never read) or 413.
+    The app then gets the body in one `http.request` message; later `receive()` calls (a client that goes away
+    during a streamed answer) reach the server as before. `error(message, code)` makes the JSON error body;
+    `flag` names the option that sets the timeout, for the message. Put it inside any bearer-token check, so a
+    client without the token is refused on its headers before its body is read."""
+
+    def __init__(self, app, timeout_s: float = BODY_TIMEOUT_S, *, limit: int, flag: str = "--body-timeout",
+                 error: Callable[[str, str], bytes] = _plain_error):
+        self.app, self.timeout_s, self.limit, self.flag, self.error = app, float(timeout_s), int(limit), flag, error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.requests import ClientDisconnect, Request
+        try:
+            body = await read_body(Request(scope, receive), self.limit, _TooBig(), _Slow(), self.timeout_s)
+        except ClientDisconnect:
+            return None  # nobody is left to answer
+        except _Slow:
+            return await self._refuse(send, 408, "request_timeout", (
+                f"the request body did not arrive within {self.timeout_s:g} s of the request head; send it at "
+                f"once (the connection is closed; the server's {self.flag} sets this limit)"))
+        except _TooBig:
+            return await self._refuse(send, 413, "request_too_large", (
+                f"the request body is larger than {self.limit // (1024 * 1024)} MiB; send a smaller request"))
+        first = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replay():
+            return first.pop() if first else await receive()
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, send, status: int, code: str, message: str) -> None:
+        body = self.error(message, code)
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
