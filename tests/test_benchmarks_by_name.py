@@ -115,19 +115,53 @@ def test_a_404_says_what_is_missing_and_the_fix(hub, tmp_path, case, fragment):
     assert not (tmp_path / "aime_2025.jsonl").exists()
 
 
-def test_connection_refused_says_the_hub_could_not_be_reached(hub, tmp_path, monkeypatch):
-    from huggingface_hub.utils import _http
+def _closed_endpoint() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_connection_refused_says_the_hub_could_not_be_reached_at_once(hub, tmp_path, monkeypatch):
+    closed = _closed_endpoint()  # no retries are muted here: the reachability check answers before them
     monkeypatch.setenv("HF_ENDPOINT", closed)
-    monkeypatch.setattr(_http.time, "sleep", lambda s: None)  # the library's retry backoff is not our subject
     start = time.monotonic()
     with pytest.raises(TaskError) as e:
         get_task("math500", tmp_path)
     msg = str(e.value)
-    assert f"{closed} could not be reached" in msg and str(tmp_path / "math500.jsonl") in msg, msg
-    assert "vapo-mcp data fetch math500" in msg and time.monotonic() - start < 30
+    assert f"{closed} could not be reached (connection refused by 127.0.0.1:" in msg, msg
+    assert str(tmp_path / "math500.jsonl") in msg and "vapo-mcp data fetch math500" in msg, msg
+    assert time.monotonic() - start < 5
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache_but_not_with_force(hub, tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    target = fetch_benchmark("math500", data)  # online once: the source lands in the Hugging Face cache
+    target.unlink()
+    closed = _closed_endpoint()
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    start = time.monotonic()
+    assert len(get_task("math500", data).problems) == 2 and time.monotonic() - start < 5  # from the cache
+    with pytest.raises(TaskError) as e:
+        fetch_benchmark("math500", data, force=True)  # --force wants the Hub's copy: say it cannot be had
+    assert f"{closed} could not be reached (connection refused" in str(e.value) and time.monotonic() - start < 5
+
+
+def test_the_reachability_check_follows_the_proxy_settings(hub, monkeypatch):
+    from vapo_engine.tasks.reachability import unreachable
+    assert unreachable(hub.url) is None
+    closed = _closed_endpoint()
+    monkeypatch.setenv("HTTP_PROXY", "http://user:secret@" + closed.removeprefix("http://"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    why = unreachable(hub.url)  # the proxy is what must answer
+    assert why and "through the proxy 127.0.0.1:" in why and "secret" not in why, why
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert unreachable(hub.url) is None
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.setenv("HTTP_PROXY", "http://user:secret@[::1")
+    assert "HTTP_PROXY" in unreachable(hub.url) and "secret" not in unreachable(hub.url)
+    assert "not a valid URL" in unreachable("http://[::1") and "does not resolve" in unreachable(
+        "https://nonexistent.invalid")
 
 
 @pytest.mark.parametrize("name,filename,rows,raw,fragment", [
@@ -205,18 +239,15 @@ def test_cli_fetches_lists_and_reports_errors_without_a_traceback(hub, tmp_path,
 
 def test_cli_fetch_offline_is_one_line_per_benchmark_and_goes_on_with_the_others(hub, tmp_path, capsys,
                                                                                monkeypatch):
-    from huggingface_hub.utils import _http
-
     from server.cli import main
     data = tmp_path / "d"
     assert main(["data", "fetch", "math500", "--data-dir", str(data)]) == 0
     capsys.readouterr()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = _closed_endpoint()
     monkeypatch.setenv("HF_ENDPOINT", closed)
-    monkeypatch.setattr(_http.time, "sleep", lambda s: None)  # the library's retry backoff is not our subject
+    start = time.monotonic()
     assert main(["data", "fetch", "aime_2024", "math500", "aime_2025", "--data-dir", str(data)]) == 2
+    assert time.monotonic() - start < 5  # the reachability check, not huggingface_hub's ~20 s of retries
     out, err = capsys.readouterr()
     assert "math500: 2 problems" in out and "already present" in out
     lines = err.strip().splitlines()

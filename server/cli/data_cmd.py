@@ -6,9 +6,9 @@
 A run fetches a missing registered benchmark by itself when its config is validated; `data fetch` does the
 same up front (on a login node with network, say, before training on an offline compute node). The data
 folder is `--data-dir`, else config.toml's `data.data_dir` (relative to config.toml's folder), else ./data.
-Errors (offline, unreachable Hub, HTTP 404, a malformed source, pyarrow missing) print one line per benchmark
-with the fix, without a traceback or the Hub library's retry lines; the other names are still fetched; exit 2
-when any failed.
+Errors (offline, unreachable Hub - known within 3 s, see vapo_engine/tasks/reachability.py -, HTTP 404, a
+malformed source, pyarrow missing) print one line per benchmark with the fix, without a traceback or the Hub
+library's retry lines; the other names are still fetched; exit 2 when any failed.
 """
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ moved into place with `os.replace` (a crash never leaves half a file under the r
 offline, unreachable endpoint, HTTP 404 or another status, pyarrow missing, a malformed source - is a
 `TaskError` naming the file to place and the commands that make it; nothing here prints a traceback.
 
+Before a download the endpoint (or the proxy the environment routes it through) must accept a TCP connection
+within `REACH_TIMEOUT_S` (`reachability.py`): with no network a fetch fails at once - unless the file is in
+the Hugging Face cache already, which is then used - instead of after huggingface_hub's ~20 s of retries.
+
 `huggingface_hub` is imported inside the functions only: importing the tasks package (the MCP tools do) must
 stay light, and nothing is ever fetched at import time.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 from .base import TaskError
 from .benchmarks import BENCHMARKS, Benchmark, benchmark_names, fix_hint
 from .jsonl import load_jsonl
+from .reachability import unreachable
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _DETAIL_CHARS = 300
@@ -78,13 +83,20 @@ def _download(bench: Benchmark, filename: str, target: Path, *, force: bool) -> 
     from huggingface_hub import constants, hf_hub_download
 
     endpoint, offline, cache = hub_settings()
+    # no connection to the endpoint: the cached file if there is one (not with --force), else fail now
+    down = None if offline else unreachable(endpoint or constants.ENDPOINT)
     try:
+        if down and force:
+            raise OSError(down)
         with _quiet_hub():
             return Path(hf_hub_download(bench.repo_id, filename, repo_type="dataset", revision=bench.revision,
-                                        endpoint=endpoint, cache_dir=cache, local_files_only=offline,
+                                        endpoint=endpoint, cache_dir=cache, local_files_only=offline or bool(down),
                                         force_download=force and not offline))
     except Exception as e:  # noqa: BLE001 - any failure to get the file leaves the user the same three ways out
-        why = _why(e, bench, filename, endpoint or constants.ENDPOINT, offline)
+        if down:  # the library was not asked to go online: the reason is the endpoint, named now
+            why = _not_reached(bench, filename, endpoint or constants.ENDPOINT, f" ({down})")
+        else:
+            why = _why(e, bench, filename, endpoint or constants.ENDPOINT, offline)
         raise TaskError(f"{target}: {why} {fix_hint(bench, target)}.") from None
 
 
@@ -113,8 +125,7 @@ def _why(e: Exception, bench: Benchmark, filename: str, endpoint: str, offline: 
     if isinstance(e, errors.LocalEntryNotFoundError) and isinstance(e.__cause__, errors.HfHubHTTPError):
         e = e.__cause__  # an HTTP answer without the Hub's error code (a mirror's plain 404, a 5xx)
     if isinstance(e, errors.LocalEntryNotFoundError):  # the library's word for "no connection, not cached"
-        return (f"{what} could not be downloaded: {endpoint} could not be reached and the file is not in the "
-                "Hugging Face cache (check the network, a proxy, or HF_ENDPOINT).")
+        return _not_reached(bench, filename, endpoint)
     status = getattr(getattr(e, "response", None), "status_code", None)
     remote_entry = getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError)
     missing = {errors.RepositoryNotFoundError: "the dataset repository",
@@ -130,6 +141,12 @@ def _why(e: Exception, bench: Benchmark, filename: str, endpoint: str, offline: 
         hint = _STATUS_HINTS.get(min(500, status), "")
         return f"{what} could not be downloaded from {endpoint} (HTTP {status}{hint})."
     return f"{what} could not be downloaded from {endpoint} ({type(e).__name__}: {_detail(e)})."
+
+
+def _not_reached(bench: Benchmark, filename: str, endpoint: str, detail: str = "") -> str:
+    return (f"benchmark {bench.name!r} is not downloaded yet and its source {bench.repo_id}/{filename} could not "
+            f"be downloaded: {endpoint} could not be reached{detail} and the file is not in the Hugging Face "
+            "cache (check the network, a proxy, or HF_ENDPOINT).")
 
 
 def _detail(e: BaseException) -> str:
