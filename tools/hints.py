@@ -29,8 +29,9 @@ CLI_COMMANDS: dict[str, str] = {
 TAKES_RUN_ID = frozenset({"resume_run", "stop_run", "run_status", "report_metrics"})
 
 _NAMES = "|".join(CLI_COMMANDS)
-_CALL = re.compile(rf"\b({_NAMES})\(([^()]*)\)")
-_BARE = re.compile(rf"(?<![\w.'\"/-])({_NAMES})\b(?![(\w])")
+_DUAL = r"(?!\s*/\s*vapo-mcp)"  # "stop_run / vapo-mcp runs stop": the text names the command already
+_CALL = re.compile(rf"\b({_NAMES})\(([^()]*)\){_DUAL}")
+_BARE = re.compile(rf"(?<![\w.'\"/-])({_NAMES})\b(?![(\w]){_DUAL}")
 _ARG = re.compile(r"^\s*(?:(\w+)\s*=\s*)?(?:'([^']*)'|\"([^\"]*)\"|(\w+))\s*$")
 
 
@@ -38,7 +39,8 @@ def for_cli(text: str, *, run_id: str | None = None, run_dir: str | Path | None 
     """`text` with each tool call spelled as its `vapo-mcp` command: `resume_run('r-1')` → `vapo-mcp runs resume
     r-1`, `stop_run('r-1', force=True)` → `vapo-mcp runs stop r-1 --force`, `list_runs(state='running')` →
     `vapo-mcp runs list --state running`; a bare name (`resume_run continues it`) gets `run_id` (else RUN_ID) when
-    its command takes one. `diagnose_error(run_id=…)` becomes `vapo-mcp diagnose --log <run_dir>/worker.log`
+    its command takes one; a name the text already pairs with its command (`stop_run / vapo-mcp runs stop`) is
+    kept. `diagnose_error(run_id=…)` becomes `vapo-mcp diagnose --log <run_dir>/worker.log`
     when `run_dir` is given. A call whose arguments have no CLI spelling is left as it is."""
     text = _CALL.sub(lambda m: _command(m.group(1), m.group(2), run_dir) or m.group(0), text)
     return _BARE.sub(lambda m: _bare(m.group(1), run_id, run_dir), text)

@@ -207,9 +207,10 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     if down is not None:
         nxt = [*nxt, hints.for_caller("fix the channel (provider_down says how), check_channel, then resume_run to "
                                       "use it again", run_id=run_id)]
-    provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
-                if down is not None else None)
+    provider = (hints.for_caller(f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800],
+                                 run_id=run_id) if down is not None else None)
     view, servers = _view(snap), snap.rollout_servers()
+    servers = None if servers is None else hints.for_caller(servers, run_id=run_id)
     if servers is not None and snap.record.state.value == "running":
         view = view.model_copy(update={"message": servers[:300]})
         nxt = [*nxt, ("start the inference servers at rollout.urls (vapo-mcp serve-model MODEL --port PORT "
