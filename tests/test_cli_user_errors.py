@@ -27,7 +27,7 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-def _add_run(ws: list[str], run_id: str, state: str = "failed") -> None:
+def _add_run(ws: list[str], run_id: str, state: str = "failed", message: str = "test: never trained") -> None:
     """A registered run that never trained (no metrics, no log): the state a queued or crashed run is in."""
     from vapo_engine.config import load_config, load_settings
     from vapo_engine.jobs import RunManager, State
@@ -38,7 +38,9 @@ def _add_run(ws: list[str], run_id: str, state: str = "failed") -> None:
     mgr = RunManager(root)
     run_dir = create_run(load_config(config), settings, root, run_id=run_id).run_dir
     mgr.registry.add(run_id, "exp", [], run_dir)
-    mgr.registry.transition(run_id, State(state), "test: never trained")
+    if State(state) is State.SUCCEEDED:  # only a running run can succeed
+        mgr.registry.transition(run_id, State.RUNNING, "training")
+    mgr.registry.transition(run_id, State(state), message)
 
 
 # --- missing files ------------------------------------------------------------------------------------------
@@ -150,6 +152,77 @@ def test_the_run_status_tool_still_suggests_tool_calls(ws):
     with access.applied(access.Policy("stdio")):
         nxt = run_status(files(ws[1], ws[3]), "r-y").next_steps
     assert nxt == ["resume_run('r-y') to continue"]
+
+
+STOPPED = "stopped on request; resume_run continues from the checkpoint at step 2"
+TOOL_CALLS = ("resume_run", "stop_run", "run_status", "list_runs", "report_metrics", "start_training")
+
+
+def test_runs_status_and_list_show_the_state_message_with_cli_commands(capsys, ws):
+    _add_run(ws, "r-s", "stopped", STOPPED)
+    code, out, _ = cli(capsys, "runs", "status", "r-s", *ws)
+    assert code == 0 and "vapo-mcp runs resume r-s continues from the checkpoint at step 2" in out, out
+    code, out, _ = cli(capsys, "runs", "status", "r-s", "--json", *ws)
+    assert code == 0 and "vapo-mcp runs resume r-s continues" in out
+    code, out, _ = cli(capsys, "runs", "list", *ws)
+    assert code == 0 and "vapo-mcp runs resume" in out
+    code, out, _ = cli(capsys, "runs", "list", "--json", *ws)
+    assert code == 0 and "vapo-mcp runs resume r-s continues" in out
+    for t in TOOL_CALLS:
+        assert t not in out, out
+
+
+@pytest.mark.parametrize("state, says", [("stopped", "vapo-mcp runs resume r-f continues it"),
+                                         ("succeeded", "vapo-mcp report r-f shows its results")])
+def test_runs_stop_on_a_finished_run_names_cli_commands(capsys, ws, state, says):
+    _add_run(ws, "r-f", state)
+    code, _, err = cli(capsys, "runs", "stop", "r-f", *ws)
+    assert code == 2 and f"already {state}, so there is nothing to stop" in err and says in err, err
+    assert "vapo-mcp runs list --state running shows the runs that can be stopped" in err
+    assert not any(t in err for t in TOOL_CALLS), err
+
+
+def test_train_resume_without_a_checkpoint_names_vapo_mcp_train(capsys, ws):
+    _add_run(ws, "r-nock", "stopped")
+    code, _, err = cli(capsys, "train", "--resume", "r-nock", *ws)
+    assert code == 2 and "no complete checkpoint" in err and "vapo-mcp train again" in err, err
+    assert not any(t in err for t in TOOL_CALLS), err
+
+
+def test_train_follow_prints_the_end_message_with_cli_commands(capsys, ws, tmp_path):
+    """The end of `vapo-mcp train`: the followed run's message (the run manager's, in tool-call words) is
+    printed with the vapo-mcp commands, as text and as --json."""
+    from server.cli.train_cmd import _follow, finish
+    from vapo_engine.config import load_settings
+    from vapo_engine.jobs import RunManager
+    from vapo_engine.runs import runs_root
+    _add_run(ws, "r-end", "stopped", STOPPED)
+    mgr = RunManager(runs_root(load_settings(Path(ws[3])), Path(ws[3])))
+    rec = _follow(mgr, "r-end", tmp_path / "worker.log", quiet=True)
+    for as_json in (False, True):
+        assert finish(rec, as_json=as_json) == 0
+        out, _ = capsys.readouterr()
+        assert "vapo-mcp runs resume r-end continues from the checkpoint at step 2" in out, out
+        assert "resume_run" not in out
+
+
+def test_run_tools_keep_the_tool_call_wording(ws):
+    """The same messages as MCP tool results (an agent calls tools): resume_run('ID'), list_runs."""
+    from tools import access
+    from tools.paths import ToolInputError, files
+    from tools.training import list_runs, run_status, stop_run
+    from vapo_engine.jobs import RunError
+    _add_run(ws, "r-t", "stopped", STOPPED)
+    f = files(ws[1], ws[3])
+    with access.applied(access.Policy("stdio")):
+        assert run_status(f, "r-t").run.message == STOPPED
+        assert list_runs(f).runs[0].message == STOPPED
+        with pytest.raises(RunError) as stop:
+            stop_run(f, "r-t")
+        with pytest.raises((RunError, ToolInputError)) as unknown:
+            run_status(f, "nope")
+    assert "resume_run('r-t') continues it" in str(stop.value) and "list_runs(state='running')" in str(stop.value)
+    assert "(list_runs shows all)" in str(unknown.value)
 
 
 # --- train --resume -----------------------------------------------------------------------------------------

@@ -227,3 +227,19 @@ def test_a_local_path_that_is_not_a_folder_names_the_field_and_the_path(tmp_path
                  f'model.local_path="{missing}"'])
     out = capsys.readouterr()
     assert code == 2 and f"model.local_path {missing} {what}" in out.out and "Traceback" not in out.out + out.err
+
+
+def test_the_cli_names_vapo_mcp_check_where_the_finding_names_the_check_channel_tool(tmp_path, capsys):
+    """The same finding, two callers: the doctor tool's fix says check_channel, `vapo-mcp doctor` says
+    `vapo-mcp check` (tools.hints)."""
+    from server.cli import main
+    config, settings = write_workspace(tmp_path)
+    s = json.loads(settings.read_text())
+    s["api"]["base_url"] = f"http://127.0.0.1:{closed_port()}/v1"
+    settings.write_text(json.dumps(s))
+    args = ["doctor", "--config", str(config), "--settings", str(settings), "--set", "eval.benchmark=builtin:addition",
+            "--set", "provider_rollouts.enabled=true"]
+    main(args)
+    out = capsys.readouterr().out
+    assert "API channel for provider samples unreachable" in out and "vapo-mcp check shows the details" in out, out
+    assert "check_channel" not in out

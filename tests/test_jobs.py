@@ -75,7 +75,8 @@ def test_start_poll_report_then_kill_and_resume(files, model_dir, capsys):
     mgr = RunManager(runs_root(load_settings(files.settings), files.settings))
     started = start_training(files, preset="cpu-demo", overrides=_over(model_dir), tags=["t1"])
     run_id = started.run.run_id
-    assert started.run.state in ("queued", "running") and "run_status" in started.poll
+    # called outside an MCP tool call (the CLI's caller), so the poll hint is the vapo-mcp command (tools.hints)
+    assert started.run.state in ("queued", "running") and f"vapo-mcp runs status {started.run.run_id}" in started.poll
     done = mgr.wait(run_id, timeout=240)
     assert done.state is State.SUCCEEDED, run_status(files, run_id).log_tail
     st = run_status(files, run_id)

@@ -14,13 +14,13 @@ from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
 from vapo_engine.providers.redaction import scrub_model
-from vapo_engine.rundir import CONFIG_JSON, WORKER_LOG
+from vapo_engine.rundir import CONFIG_JSON
 from vapo_engine.runs import create_run, freeze_paths
 from vapo_engine.sinks import sink_factories
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
-from . import access
+from . import access, hints
 from .doctor import doctor, refuse_on_error
 from .paths import Files, ToolInputError, known_secrets, manager_for
 
@@ -98,7 +98,9 @@ def views_for(f: Files, *, tick: bool = False) -> RunViews:
 def _view(snap: RunSnapshot) -> RunView:
     """The run as a tool result: its record with its progress and latest evaluation."""
     rec = snap.record
-    return RunView(run_id=rec.run_id, state=rec.state.value, message=rec.message, experiment=rec.experiment,
+    return RunView(run_id=rec.run_id, state=rec.state.value,
+                   message=hints.for_caller(rec.message, run_id=rec.run_id, run_dir=rec.run_dir),
+                   experiment=rec.experiment,
                    tags=list(rec.tags), run_dir=str(rec.run_dir), variant=rec.variant, group_id=rec.group_id,
                    resumed_from=rec.resumed_from, step=snap.step, total_steps=snap.total_steps,
                    latest_eval=snap.latest_eval)
@@ -160,8 +162,8 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
     rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
                      nprocs=cfg.distributed.nproc_per_node)
     return StartResult(run=_view(RunViews(mgr).of(rec)),
-                       poll=f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
-                            f"report_metrics(run_id='{info.run_id}')",
+                       poll=hints.for_caller(f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
+                                             f"report_metrics(run_id='{info.run_id}')"),
                        warnings=[str(w) for w in warns if w.key != "api.api_key_env"])
 
 
@@ -185,8 +187,9 @@ def ablate(f: Files, *, variants: list[str] | None = None, preset: str | None = 
     ablation_id = "abl-" + secrets.token_hex(4)
     runs = [_submit(f, cfg, preset=preset, overrides=over, tags=[ablation_id, name], group_id=ablation_id,
                     variant=name).run for name, (over, cfg) in plans.items()]
-    return AblationStart(ablation_id=ablation_id, runs=runs, poll=f"report_metrics(run_id='{ablation_id}') "
-                         "returns the comparison table; runs execute one after another (queue)")
+    return AblationStart(ablation_id=ablation_id, runs=runs, poll=hints.for_caller(
+        f"report_metrics(run_id='{ablation_id}') returns the comparison table; runs execute one after another "
+        "(queue)"))
 
 
 def list_runs(f: Files, *, state: str | None = None, experiment: str | None = None, tag: str | None = None,
@@ -199,16 +202,15 @@ def list_runs(f: Files, *, state: str | None = None, experiment: str | None = No
 def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     views = views_for(f, tick=True)
     snap = views.get(run_id)
-    cli = not access.current().is_tool_call
-    nxt = _next_steps(run_id, snap.record.state.value, cli=cli, log=snap.rundir.file(WORKER_LOG))
+    nxt = _next_steps(run_id, snap.record.state.value, run_dir=snap.record.run_dir)
     down = snap.provider_down()
     if down is not None:
-        nxt = [*nxt, (f"fix the channel (provider_down says how), vapo-mcp check, then vapo-mcp runs resume "
-                      f"{run_id} to use it again" if cli else
-                      "fix the channel (provider_down says how), check_channel, then resume_run to use it again")]
-    provider = (f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800]
-                if down is not None else None)
+        nxt = [*nxt, hints.for_caller("fix the channel (provider_down says how), check_channel, then resume_run to "
+                                      "use it again", run_id=run_id)]
+    provider = (hints.for_caller(f"{down.get('kind')}: {down.get('reason')} — fix: {down.get('fix')}"[:800],
+                                 run_id=run_id) if down is not None else None)
     view, servers = _view(snap), snap.rollout_servers()
+    servers = None if servers is None else hints.for_caller(servers, run_id=run_id)
     if servers is not None and snap.record.state.value == "running":
         view = view.model_copy(update={"message": servers[:300]})
         nxt = [*nxt, ("start the inference servers at rollout.urls (vapo-mcp serve-model MODEL --port PORT "
@@ -218,22 +220,16 @@ def run_status(f: Files, run_id: str, *, log_lines: int = 20) -> RunStatus:
     return scrub_model(status, known_secrets(f))  # the log and the run files may hold the key or any credential
 
 
-def _next_steps(run_id: str, state: str, *, cli: bool, log: Path) -> list[str]:
-    """What to do next with a run in `state`: tool calls for an MCP client, `vapo-mcp` commands at the CLI."""
-    if cli:
-        return {"queued": ["wait: it starts when the running run finishes (vapo-mcp runs list shows the queue)"],
-                "running": [f"vapo-mcp runs status {run_id} again", f"vapo-mcp report {run_id} for curves",
-                            f"vapo-mcp runs stop {run_id} to stop after a checkpoint"],
-                "succeeded": [f"vapo-mcp report {run_id}"],
-                "failed": [f"vapo-mcp diagnose --log {log}",
-                           f"vapo-mcp runs resume {run_id} if a checkpoint exists"],
-                "stopped": [f"vapo-mcp runs resume {run_id} to continue"]}[state]
-    return {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
-            "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
-                        f"stop_run('{run_id}') to stop after a checkpoint"],
-            "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
-            "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
-            "stopped": [f"resume_run('{run_id}') to continue"]}[state]
+def _next_steps(run_id: str, state: str, *, run_dir: Path) -> list[str]:
+    """What to do next with a run in `state`, as tool calls (tools.hints spells them as `vapo-mcp` commands for
+    the CLI)."""
+    steps = {"queued": ["wait: it starts when the running run finishes (list_runs shows the queue)"],
+             "running": [f"poll run_status('{run_id}') again", f"report_metrics('{run_id}') for curves",
+                         f"stop_run('{run_id}') to stop after a checkpoint"],
+             "succeeded": [f"report_metrics('{run_id}')", f"diagnose_error(run_id='{run_id}')"],
+             "failed": [f"diagnose_error(run_id='{run_id}')", f"resume_run('{run_id}') if a checkpoint exists"],
+             "stopped": [f"resume_run('{run_id}') to continue"]}[state]
+    return [hints.for_caller(s, run_id=run_id, run_dir=run_dir) for s in steps]
 
 
 def stop_run(f: Files, run_id: str, *, force: bool = False) -> RunView:

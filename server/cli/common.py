@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from tools.hints import for_cli
 from tools.paths import CONFIG_ENV, SETTINGS_ENV, known_secrets
 from vapo_engine.errors import UserError as _UserError
 from vapo_engine.errors import is_user_error
@@ -35,12 +36,9 @@ def port_number(text: str) -> int:
 
 
 def run_request_error(e: Exception) -> UserError:
-    """A run-manager or tool-input error as the CLI's: an unknown run id names `vapo-mcp runs list`."""
-    from vapo_engine.jobs.manager import LIST_HINT
-    text = str(e)
-    if "unknown run id" in text:
-        text = text.replace(f" {LIST_HINT}", "") + "; see every run id with: vapo-mcp runs list"
-    return UserError(text)
+    """A run-manager or tool-input error as the CLI's: the tool calls it suggests (`resume_run('ID')`,
+    `list_runs`) are spelled as `vapo-mcp` commands (tools.hints)."""
+    return UserError(for_cli(str(e)))
 
 
 def add_file_options(p) -> None:

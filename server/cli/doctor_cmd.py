@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tools.doctor import doctor
+from tools.hints import for_cli
 from tools.paths import files, known_secrets
 from vapo_engine.config import preset_names
 from vapo_engine.providers import scrub
@@ -26,5 +27,5 @@ def run(args) -> int:
     f = files(args.config, args.settings)
     report = doctor(f, preset=args.preset, overrides=args.set)
     text = json.dumps(report.model_dump(), indent=2, ensure_ascii=False) if args.json else report.text()
-    print(scrub(text, known_secrets(f)))
+    print(for_cli(scrub(text, known_secrets(f))))  # a finding's fix naming a tool (check_channel) as its command
     return 0 if report.ok else 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tools.hints import for_cli
 from tools.paths import ToolInputError, files, manager_for
 from tools.training import resume_run, start_training
 from vapo_engine.config import preset_names
@@ -64,11 +65,18 @@ def run(args, **mode) -> int:
     rec = _follow(mgr, view.run_id, RunDir(view.run_dir).file(WORKER_LOG), quiet=args.json)
     if rec is None:  # detached (a second Ctrl-C): the run goes on in the background
         return 130
+    return finish(rec, as_json=args.json)
+
+
+def finish(rec, *, as_json: bool) -> int:
+    """Print how the followed run ended (its message's tool calls as `vapo-mcp` commands) and return the exit
+    code: 0 succeeded or stopped, 2 bad input, 1 failed."""
     summary = RunDir(rec.run_dir).summary() if rec.state.value in ("succeeded", "stopped") else {}
-    if args.json:
-        print_json({"run_id": rec.run_id, "state": rec.state.value, "message": rec.message, **summary})
+    message = for_cli(rec.message, run_id=rec.run_id, run_dir=rec.run_dir)  # the manager's, in tool-call words
+    if as_json:
+        print_json({"run_id": rec.run_id, "state": rec.state.value, "message": message, **summary})
     else:
-        _print_summary(rec, summary)
+        _print_summary(rec, message, summary)
     return 0 if rec.state.value in ("succeeded", "stopped") else 2 if rec.message.startswith("bad input") else 1
 
 
@@ -118,8 +126,8 @@ def _print_new(log: Path, pos: int, quiet: bool) -> int:
     return pos + len(data)
 
 
-def _print_summary(rec, summary: dict) -> None:
-    print(f"\n{rec.state.value}: {rec.message}")
+def _print_summary(rec, message: str, summary: dict) -> None:
+    print(f"\n{rec.state.value}: {message}")
     if summary.get("value_path"):
         print(f"  value model: {summary['value_path']} (held-out explained variance best "
               f"{summary.get('best_heldout_explained_var')})\n  use it:      --set model.value_path=\"{summary['value_path']}\"")

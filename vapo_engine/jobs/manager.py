@@ -47,7 +47,7 @@ class RunError(UserError):
 
 
 LIST_HINT = "(list_runs shows all)"
-"""How an unknown run id's message says where the ids are (a front-end names its own way: the CLI's `runs list`)."""
+"""How an unknown run id's message says where the ids are (tools.hints spells it `vapo-mcp runs list` at the CLI)."""
 
 
 class RunManager:

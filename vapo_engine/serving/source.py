@@ -43,8 +43,8 @@ def _checkpoint(rd: RunDir, run_id: str, step: int | None) -> tuple[Path, int]:
             return ok[0], steps[0]
         why = f" (damaged: {damaged})" if damaged else ""
         raise SourceError(f"run {run_id} has no complete checkpoint yet{why}; checkpoints are written every "
-                          "eval.save_interval policy steps and at the end: wait for one (run_status shows the "
-                          "step), or serve the model the run started from (its model.local_path)")
+                          "eval.save_interval policy steps and at the end: wait for one (run_status / vapo-mcp runs status shows "
+                          "the step), or serve the model the run started from (its model.local_path)")
     for p, s in zip(ok, steps):
         if s == step:
             return p, s

@@ -188,7 +188,7 @@ def _channel(cfg: TrainConfig):
     path = os.environ.get(SETTINGS_ENV)
     if not path:
         raise ValueError(f"the worker was started without {SETTINGS_ENV} (the server's settings.json); start the "
-                         "run with vapo-mcp (train, or the MCP server's start_training / resume_run)")
+                         "run with vapo-mcp (start_training / vapo-mcp train, resume_run / vapo-mcp runs resume)")
     channel, _ = resolve_channel(load_settings(path), cfg, dotenv_path=Path(path).parent / ".env")
     return channel
 
