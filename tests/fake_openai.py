@@ -320,6 +320,14 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+def read_until_closed(s: socket.socket) -> bytes:
+    """Everything a server sends on `s` until it closes the connection."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
 def key_traces(text: str, key: str, window: int = 12) -> list[str]:
     """Every `window`-character piece of `key` — or of its base64 forms, as in a `Basic` header — that occurs
     in `text`, case-insensitively (a partial echo is a leak too). The redacted form (prefix + last 4 +

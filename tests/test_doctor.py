@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
 from tests.conftest import write_workspace
+from tests.fake_openai import closed_port
 from tests.mcp_helpers import names_a_fix, slot_held, text
 from vapo_engine.builtin_model.shipped import SHIPPED_ROOT
 from vapo_engine.doctor import Host, run_doctor, tcp_problem
@@ -25,12 +25,6 @@ QWEN2_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidde
             "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
             "max_position_embeddings": 32768, "rms_norm_eps": 1e-6}
 
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def unreachable_backend(name: str) -> int:

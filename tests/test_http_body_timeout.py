@@ -12,7 +12,7 @@ import time
 import httpx
 
 from server.http import MAX_BODY
-from tests.fake_openai import closed_port
+from tests.fake_openai import closed_port, read_until_closed
 from tests.mcp_helpers import HTTP_TOKEN as TOKEN
 from tests.mcp_helpers import serve_http
 
@@ -26,12 +26,6 @@ def _head(port: int, length: int, token: str | None) -> bytes:
             b"Accept: application/json, text/event-stream\r\n" + auth + f"Content-Length: {length}\r\n\r\n".encode())
 
 
-def _until_closed(s: socket.socket) -> bytes:
-    out = b""
-    while chunk := s.recv(65536):
-        out += chunk
-    return out
-
 
 def test_a_trickled_body_gets_408_and_the_token_is_checked_before_the_body(proj):
     port = closed_port()
@@ -41,7 +35,7 @@ def test_a_trickled_body_gets_408_and_the_token_is_checked_before_the_body(proj)
         with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
             t0 = time.monotonic()
             s.sendall(_head(port, len(INIT), TOKEN) + INIT[:20])
-            answer = _until_closed(s)
+            answer = read_until_closed(s)
             took = time.monotonic() - t0
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
         assert b"request_timeout" in answer and b"within 1 s" in answer and b"--body-timeout" in answer, answer
@@ -55,7 +49,7 @@ def test_a_trickled_body_gets_408_and_the_token_is_checked_before_the_body(proj)
         # a body declared larger than MAX_BODY: 413 without reading it
         with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
             s.sendall(_head(port, MAX_BODY + 1, TOKEN))
-            answer = _until_closed(s)
+            answer = read_until_closed(s)
         assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer, answer[:300]
         # a request sent whole is served
         r = httpx.post(f"http://127.0.0.1:{port}/mcp", content=INIT, timeout=20, headers={

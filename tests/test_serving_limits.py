@@ -8,6 +8,7 @@ import time
 
 import httpx
 
+from tests.fake_openai import read_until_closed
 from tests.serving_helpers import serving
 
 
@@ -19,13 +20,6 @@ def _slow_post(root: str) -> socket.socket:
               b"Content-Length: 200\r\n\r\n{\"model\": ")
     return s
 
-
-def _answer(s: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    out = b""
-    while chunk := s.recv(65536):
-        out += chunk
-    return out
 
 
 def test_slow_bodies_time_out_and_a_crowd_gets_503(model_dir):
@@ -41,7 +35,7 @@ def test_slow_bodies_time_out_and_a_crowd_gets_503(model_dir):
         assert httpx.get(srv.root + "/health", timeout=10).status_code == 200  # never refused
         for s in slow:
             with s:
-                answer = _answer(s)  # the server closes the connection after the 408
+                answer = read_until_closed(s)  # the server closes the connection after the 408
             assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
             assert b"request_timeout" in answer and b"within 2 s" in answer
         assert 1.5 < time.monotonic() - t0 < 20
