@@ -127,3 +127,35 @@ def test_ev_of_an_all_zero_reward_batch_is_undefined_not_huge():
     real = torch.zeros(8, 30)
     real[:4] = 1.0  # half the sequences succeed: a well-defined EV
     assert math.isfinite(float(ev_from_stats(ev_stats(values, real, mask))))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_within_group_ev_matches_numpy_and_sums_over_shards(seed):
+    """EV within prompt groups: each group's mean removed from targets and residuals (pooled over its rows'
+    valid tokens), the same from sums over any split of whole groups, pads (even inf) never read."""
+    from vapo_engine.algo import within_ev_from_stats, within_group_ev_stats
+    target, mask = data(seed)  # 8 rows
+    g = torch.Generator().manual_seed(200 + seed)
+    pred = target * 0.5 + torch.randn(target.shape, generator=g, dtype=torch.float64) * 0.5
+    num = den = 0.0
+    for rows in (range(0, 4), range(4, 8)):  # two groups of 4
+        m = mask[list(rows)].bool().numpy()
+        y = target[list(rows)].numpy()[m]
+        d = y - pred[list(rows)].numpy()[m]
+        num += ((d - d.mean()) ** 2).sum()
+        den += ((y - y.mean()) ** 2).sum()
+    expected = 1 - num / den
+    stats = within_group_ev_stats(pred, target, mask, 4)
+    assert within_ev_from_stats(stats).item() == pytest.approx(expected, abs=1e-10)
+    shards = within_group_ev_stats(pred[:4], target[:4], mask[:4], 4) + within_group_ev_stats(
+        pred[4:], target[4:], mask[4:], 4)
+    assert within_ev_from_stats(shards).item() == pytest.approx(expected, abs=1e-10)
+    junk = with_junk_pads(pred, mask, float("inf"))
+    assert torch.equal(within_group_ev_stats(junk, target, mask, 4), stats)
+    # a per-group constant prediction (the group's mean: GRPO's baseline) explains nothing within groups
+    means = torch.cat([torch.full((4, target.shape[1]), float(target[:4][mask[:4].bool()].mean())),
+                       torch.full((4, target.shape[1]), float(target[4:][mask[4:].bool()].mean()))]).double()
+    assert within_ev_from_stats(within_group_ev_stats(means, target, mask, 4)).item() == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError):
+        within_group_ev_stats(pred, target, mask, 3)
+    assert math.isnan(within_ev_from_stats(within_group_ev_stats(pred, torch.ones_like(target), mask, 4)).item())

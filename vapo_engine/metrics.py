@@ -47,6 +47,9 @@ CATALOGUE: dict[str, str] = {
     "critic/value_loss": "value loss (0.5 · squared error to the critic targets)",
     "critic/explained_var": "explained variance of the value predictions vs Monte-Carlo returns (λ = 1), the same "
                             "target in every run so ablation rows compare; omitted when undefined (constant returns)",
+    "critic/explained_var_within_prompt": "explained variance vs Monte-Carlo returns within each prompt's group of "
+                                          "samples (each group's mean removed): what the critic adds over a "
+                                          "per-prompt baseline such as GRPO's",
     "critic/return_var": "variance of the Monte-Carlo returns over the step's valid tokens (the denominator of "
                          "critic/explained_var): EV pools over steps as 1 − Σ(1 − EV)·var / Σ var",
     "critic/explained_var_targets": "explained variance vs the targets the critic trains on (λ_critic, or λ_policy "
@@ -59,6 +62,8 @@ CATALOGUE: dict[str, str] = {
     "critic/pretrain_value_loss": "value loss during value pretraining (frozen initial policy, λ = 1 targets)",
     "critic/pretrain_explained_var": "held-out explained variance of value pretraining: measured on each fresh "
                                      "rollout before the critic trains on it",
+    "critic/pretrain_explained_var_within_prompt": "value pretraining: held-out explained variance within each "
+                                                   "prompt's group of samples",
     "critic/pretrain_updates": "critic optimizer steps in the value-pretraining round",
     **{f"critic/pretrain_ev_pos_q{q}": f"value pretraining: held-out EV over the {w} quarter of each response"
        for q, w in ((1, "first"), (2, "second"), (3, "third"), (4, "last"))},
@@ -117,6 +122,9 @@ CATALOGUE: dict[str, str] = {
                       "trained on), every response token against the Monte-Carlo return (the response's reward)",
     "eval/critic_ev_start": "the critic's explained variance on the held-out sampled responses at their first token "
                             "only: V(prompt), its predicted chance of success, against the reward",
+    "eval/critic_ev_within_prompt": "the critic's held-out explained variance within each problem's samples (each "
+                                    "problem's mean reward removed): whether it tells a problem's failed samples "
+                                    "from its solved ones",
     # perf
     "perf/step_time_s": "wall time of the whole rollout step (generation + updates)",
     "perf/rollout_time_s": "wall time of generation + scoring",
@@ -151,6 +159,7 @@ COMBINE: dict[str, str] = {
                               "rollout/weight_version_lag")},
     **{name: SAME for name in ("actor/entropy", "actor/lr", "critic/lr", "critic/value_mean", "critic/return_mean",
                                "critic/explained_var", "critic/return_var", "critic/explained_var_targets",
+                               "critic/explained_var_within_prompt", "critic/pretrain_explained_var_within_prompt",
                                "vapo/advantage_mean", "vapo/advantage_std", "rollout/prompts_digest",
                                "rollout/weight_version", "rollout/logprob_diff_mean", "rollout/is_weight_mean",
                                "rollout/is_clipfrac")},

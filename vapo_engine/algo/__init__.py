@@ -52,6 +52,8 @@ from .stats import (
     masked_var,
     masked_whiten,
     moments_to_mean_var,
+    within_ev_from_stats,
+    within_group_ev_stats,
 )
 
 __all__ = [
@@ -70,6 +72,8 @@ __all__ = [
     "ev_from_stats",
     "ev_stats",
     "explained_variance",
+    "within_ev_from_stats",
+    "within_group_ev_stats",
     "gae_estimator",
     "get_advantage_estimator",
     "get_policy_loss",

@@ -194,6 +194,41 @@ def ev_from_stats(stats: Tensor) -> Tensor:
     return torch.where(undefined, torch.full_like(ev, float("nan")), ev)
 
 
+def within_group_ev_stats(pred: Tensor, target: Tensor, mask: Tensor, group_size: int) -> Tensor:
+    """Sufficient statistics for explained variance *within* groups of consecutive rows (the samples of one
+    prompt), float64, detached, safe to all-reduce with SUM (a group never spans ranks).
+
+    Shapes: pred (B, T), target (B, T), mask (B, T), B divisible by group_size -> Tensor[3] = (n, SSy, SSd): the
+    sums of squares of y and of d = y − ŷ around their own group's mean, over the group's valid positions.
+    Implements: EV_within = 1 − SSd / SSy: the share of the variance a per-prompt baseline (GRPO's group mean)
+    leaves that the predictions explain. A group's valid positions are pooled over its rows and tokens.
+    """
+    m = as_bool_mask(mask, target)
+    b, t = target.shape
+    if group_size < 1 or b % group_size:
+        raise ValueError(f"{b} rows do not split into groups of {group_size}")
+    y = torch.where(m, target.detach().to(torch.float64), 0.0).view(-1, group_size * t)
+    d = torch.where(m, y.view(b, t) - pred.detach().to(torch.float64), 0.0).view(-1, group_size * t)
+    n = m.view(-1, group_size * t).sum(1).to(torch.float64)
+
+    def ss(x: Tensor) -> Tensor:  # Σ x² − (Σ x)² / n per group, summed over groups
+        return ((x * x).sum(1) - x.sum(1) ** 2 / n.clamp_min(1)).sum()
+    return torch.stack([n.sum(), ss(y), ss(d)])
+
+
+def within_ev_from_stats(stats: Tensor) -> Tensor:
+    """Within-group explained variance from (all-reduced) :func:`within_group_ev_stats`; nan when the targets
+    do not vary inside any group (every group all right or all wrong).
+
+    Shapes: stats Tensor[3] -> scalar float64 tensor.
+    """
+    stats = stats.to(torch.float64)
+    n, ssy, ssd = stats[0], stats[1], stats[2]
+    undefined = (n < 1) | (ssy / n.clamp_min(1) < 1e-8)
+    ev = 1.0 - ssd.clamp_min(0) / torch.where(undefined, torch.ones_like(ssy), ssy)
+    return torch.where(undefined, torch.full_like(ev, float("nan")), ev)
+
+
 def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """Explained variance of value predictions over the valid positions of one (local) batch.
 

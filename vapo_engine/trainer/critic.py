@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from vapo_engine.algo import ev_from_stats, ev_stats
+from vapo_engine.algo import ev_from_stats, ev_stats, within_ev_from_stats, within_group_ev_stats
 from vapo_engine.rollout.experience import response_values
 
 from .advantages import monte_carlo_returns
@@ -44,22 +44,38 @@ def explained_var(name: str, values, targets, mask, reduce_sum: SumRanks) -> dic
     return {name: ev} if math.isfinite(ev) else {}
 
 
-def mc_explained_var(ro, reduce_sum: SumRanks, name: str = "critic/explained_var") -> dict[str, float]:
-    """EV of the rollout's old values against Monte-Carlo returns (λ = 1: the sequence reward everywhere), and
-    the returns' variance over the valid tokens (`critic/return_var`): with both, EV pools over steps as
-    1 − Σ (1 − EV)·var / Σ var instead of averaging ratios."""
+def within_explained_var(name: str, values, targets, mask, group_size: int, reduce_sum: SumRanks
+                         ) -> dict[str, float]:
+    """{name: EV within prompt groups} (each group of `group_size` consecutive rows centred on its own mean:
+    what a per-prompt baseline leaves to explain), from global statistics; {} when undefined or without groups
+    (group_size < 2, or rows that do not split into whole groups)."""
+    if group_size < 2 or values.shape[0] % group_size:
+        return {}
+    ev = float(within_ev_from_stats(reduce_sum(within_group_ev_stats(values, targets, mask, group_size))))
+    return {name: ev} if math.isfinite(ev) else {}
+
+
+def mc_explained_var(ro, reduce_sum: SumRanks, group_size: int = 1, name: str = "critic/explained_var"
+                     ) -> dict[str, float]:
+    """EV of the rollout's old values against Monte-Carlo returns (λ = 1: the sequence reward everywhere),
+    overall and within prompt groups (`<name>_within_prompt`), and the returns' variance over the valid tokens
+    (`critic/return_var`): with both, EV pools over steps as 1 − Σ (1 − EV)·var / Σ var instead of averaging
+    ratios."""
     if ro.values is None:
         return {}
     mc = monte_carlo_returns(ro).returns
     st = reduce_sum(ev_stats(ro.values, mc, ro.response_mask))
     ev, n = float(ev_from_stats(st)), float(st[0].clamp(min=1))
     var = float(st[2] / n - (st[1] / n) ** 2)
-    return ({name: ev} if math.isfinite(ev) else {}) | {"critic/return_var": max(var, 0.0)}
+    within = within_explained_var(f"{name}_within_prompt", ro.values, mc, ro.response_mask, group_size, reduce_sum)
+    return ({name: ev} if math.isfinite(ev) else {}) | within | {"critic/return_var": max(var, 0.0)}
 
 
-def heldout_ev(models, micro_batch: int):
+def heldout_ev(models, micro_batch: int, group_size: int = 1):
     """The `on_sampled` hook of the held-out evaluation (rollout.evaluate): the critic's EV on the sampled
-    held-out responses against their Monte-Carlo returns, over all response tokens and at the first one."""
+    held-out responses against their Monte-Carlo returns, over all response tokens and at the first one, and
+    within each problem's `group_size` samples (`eval/critic_ev_within_prompt`; pass 1 where a rank's slice may
+    cut a problem's samples apart)."""
     def measure(ro, reduce_sum: SumRanks) -> dict[str, float]:
         with torch.no_grad(), models.autocast():
             values = torch.cat([response_values(models.value, ro.rows(slice(s, s + micro_batch)))
@@ -68,7 +84,9 @@ def heldout_ev(models, micro_batch: int):
         first = torch.zeros_like(ro.response_mask)
         first[:, 0] = ro.response_mask[:, 0]
         return (explained_var("eval/critic_ev", values, mc, ro.response_mask, reduce_sum)
-                | explained_var("eval/critic_ev_start", values, mc, first, reduce_sum))
+                | explained_var("eval/critic_ev_start", values, mc, first, reduce_sum)
+                | within_explained_var("eval/critic_ev_within_prompt", values, mc, ro.response_mask, group_size,
+                                       reduce_sum))
     return measure
 
 

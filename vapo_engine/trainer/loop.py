@@ -29,7 +29,15 @@ from vapo_engine.rundir import SUMMARY_JSON, VALUE_MODEL, RunDir
 from . import streams, weight_sync
 from .advantages import add_advantages, monte_carlo_returns
 from .batches import collect, minibatches
-from .critic import VALUE_ONLY, ev_breakdown, explained_var, heldout_ev, mc_explained_var, plateaued
+from .critic import (
+    VALUE_ONLY,
+    ev_breakdown,
+    explained_var,
+    heldout_ev,
+    mc_explained_var,
+    plateaued,
+    within_explained_var,
+)
 from .first_forward import FirstForward
 from .offpolicy import (
     correct_mismatch,
@@ -104,6 +112,8 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     ro = monte_carlo_returns(ro)
     metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask,
                             tr.parallel.sum)
+    metrics |= within_explained_var("critic/pretrain_explained_var_within_prompt", ro.values, ro.returns,
+                                    ro.response_mask, tr.cfg.vapo.group_size, tr.parallel.sum)
     metrics |= ev_breakdown(ro, tr.parallel.sum, "critic/pretrain_")
     losses = []
     for idx in minibatches(tr, ro.size, "pretrain", tr.pretrain_step, tr.cfg.vapo.value_pretrain_epochs):
@@ -135,7 +145,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
                            "rollout/dropped_stale": float(tr.prefetch.dropped)}
     metrics |= rollout_metrics(ro, tr.cfg.vapo.group_size, tr.parallel.sum)
     if ro.values is not None:
-        metrics |= mc_explained_var(ro, tr.parallel.sum)
+        metrics |= mc_explained_var(ro, tr.parallel.sum, tr.cfg.vapo.group_size)
         metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.response_mask,
                                  tr.parallel.sum)
     t1 = time.perf_counter()
@@ -221,7 +231,8 @@ def evaluate_policy(tr: Trainer, on_record) -> dict[str, float]:
         tr.models, tr.eval_task, num_problems=c.eval.num_problems, samples_per_problem=c.eval.samples_per_problem,
         max_new_tokens=c.model.max_tokens, temperature=c.model.temperature, top_p=c.model.top_p,
         seed=streams.seed_of(tr.info.seed, "eval", tr.step), prompt_format=tr.eval_prompts, split=split,
-        on_sampled=heldout_ev(tr.models, c.micro_batch_size) if critic_trained else None))
+        on_sampled=heldout_ev(tr.models, c.micro_batch_size, 1 if tr.parallel.sharded else c.eval.samples_per_problem)
+        if critic_trained else None))
     on_record(tr.logger.log(tr.step, "eval", m))
     tr.history.last_eval = m
     return m
