@@ -141,7 +141,8 @@ def ceiling(preset: str, critics: dict[str, str], n_prompts: int, group: int, m:
     import torch
 
     from vapo_engine.config import load_config
-    from vapo_engine.rollout.experience import response_values, sample_rollout
+    from vapo_engine.rollout.experience import response_log_probs, response_values, sample_rollout
+    from vapo_engine.rollout.value_head import saved_head
     from vapo_engine.tasks import get_task
     from vapo_engine.trainer import streams
     from vapo_engine.trainer.models import load_models, pick_device, resolve_model_path
@@ -149,14 +150,16 @@ def ceiling(preset: str, critics: dict[str, str], n_prompts: int, group: int, m:
     task = get_task(cfg.data.train)
     base = resolve_model_path(cfg.model.local_path, task=cfg.model.builtin or cfg.data.train)
     load = (lambda path: load_models(base, value_path=path, need_value=True, reference_path=None,
+                                     value_head=saved_head(path),
                                      device=pick_device("cpu"), autocast_dtype=None))
     models = load(next(iter(critics.values())))
     problems = [q for q in task.heldout(n_prompts) for _ in range(group)]
     with streams.seeded(1, "critic_rollout", 0):
         ro = sample_rollout(models, task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p)
-    with torch.no_grad():
-        values = {name: response_values(load(path).value, ro) for name, path in critics.items()}
+    with torch.no_grad():  # a surprise head reads the policy's log-probs of the written tokens
+        lp = response_log_probs(models.policy, ro)[0]
+        values = {name: response_values(load(path).value, ro, lp) for name, path in critics.items()}
     p = ro.prompt_len
     states = [(i, b, kind) for i in range(ro.size)
               for b, kind in states_of(models.tokenizer, ro.input_ids[i, p:p + int(ro.response_mask[i].sum())].tolist())]

@@ -72,8 +72,6 @@ __all__ = [
     "ev_from_stats",
     "ev_stats",
     "explained_variance",
-    "within_ev_from_stats",
-    "within_group_ev_stats",
     "gae_estimator",
     "get_advantage_estimator",
     "get_policy_loss",
@@ -95,4 +93,6 @@ __all__ = [
     "policy_loss_ppo_clip",
     "positive_nll_loss",
     "value_loss",
+    "within_ev_from_stats",
+    "within_group_ev_stats",
 ]

@@ -14,6 +14,8 @@ The smaller critic is saved in checkpoints as it is (resume and `pretrain-value`
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from .base import PathText, Section
@@ -33,6 +35,15 @@ class CriticConfig(Section):
     depth_ratio: float = Field(1.0, gt=0, le=1)
     """Fraction of the policy's layers for the critic (rounded, at least 1). With width_ratio = 1 the critic
     starts from the policy's embeddings and first layers."""
+
+    head: Literal["linear", "surprise"] = "linear"
+    """The value head (vapo_engine/rollout/value_head.py). `linear`: a scalar on the last hidden state (the VAPO
+    paper's critic, verl's and OpenRLHF's). `surprise`: that plus a small MLP that also reads the policy's
+    log-probs of the response tokens written so far (the last one, the lowest, their mean, how many were below
+    1/2), so the critic sees a mistake the moment the policy samples an unlikely token. On builtin:chain the
+    hidden-state critic cannot see the policy's wrong signs at all (linear probes at chance, held-out AUC ≈ 0.5;
+    the policy's own log-prob of the sign: AUC 1.0): bench/results/critic_fit.json. Costs one policy forward
+    per value-pretraining rollout (the log-probs), nothing in policy steps (their old log-probs are reused)."""
 
     @model_validator(mode="after")
     def _one_way(self) -> CriticConfig:

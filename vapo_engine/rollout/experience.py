@@ -24,6 +24,7 @@ from vapo_engine.algo import entropy_from_logits, log_probs_from_logits
 from vapo_engine.prompts import PromptFormat
 
 from .generate import response_lengths, sample
+from .value_head import head_inputs, head_kind
 
 
 @dataclass
@@ -215,12 +216,25 @@ def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch
     return lp[:n, :a.response_mask.shape[1]], lp[n:, :b.response_mask.shape[1]]
 
 
-def response_values(value_model, ro: Rollout) -> torch.Tensor:
-    """V(s_t) for each response token t: the value head at the position before the token. (N, R)."""
-    out = value_model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
-                      use_cache=False)
+def response_values(value_model, ro: Rollout, log_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """V(s_t) for each response token t: the value head at the position before the token. (N, R). A `surprise`
+    head (rollout/value_head.py) also reads the policy's log-probs of the written tokens: `log_probs` (N, R), or
+    the rollout's old log-probs."""
+    lp = ro.old_log_probs if log_probs is None else log_probs
+    with head_inputs(value_model, None if lp is None else lp.detach(), ro.response_mask, ro.prompt_len):
+        out = value_model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
+                          use_cache=False)
     p = ro.prompt_len
     return out.logits[:, p - 1:-1, 0].float()
+
+
+def value_log_probs(models, ro: Rollout) -> torch.Tensor | None:
+    """The log-probs a value head needs (`response_values`): None for a linear head or when the rollout has its
+    old log-probs; else the policy's, computed now without gradient (value pretraining, held-out evaluation)."""
+    if models.value is None or head_kind(models.value) == "linear" or ro.old_log_probs is not None:
+        return None
+    with torch.no_grad():
+        return response_log_probs(models.policy, ro)[0]
 
 
 @torch.no_grad()
@@ -234,6 +248,7 @@ def attach_old_outputs(models, ro: Rollout, micro_batch: int, *, policy: bool = 
     for s in range(0, ro.size, micro_batch):
         mb = ro.rows(slice(s, s + micro_batch))
         with models.autocast():
+            lp = None
             if own:
                 lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
                 parts["old_log_probs"].append(lp)
@@ -241,5 +256,8 @@ def attach_old_outputs(models, ro: Rollout, micro_batch: int, *, policy: bool = 
             if policy and models.reference is not None:
                 parts["ref_log_probs"].append(response_log_probs(models.reference, mb)[0])
             if models.value is not None:
-                parts["values"].append(response_values(models.value, mb))
+                lp = lp if lp is not None else value_log_probs(models, mb)
+                if lp is not None and not own:  # value pretraining with a surprise head: kept for the updates
+                    parts["old_log_probs"].append(lp)
+                parts["values"].append(response_values(models.value, mb, lp))
     return replace(ro, **{k: torch.cat(v) for k, v in parts.items() if v})

@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from vapo_engine.algo import ev_from_stats, ev_stats, within_ev_from_stats, within_group_ev_stats
-from vapo_engine.rollout.experience import response_values
+from vapo_engine.rollout.experience import response_values, value_log_probs
 
 from .advantages import monte_carlo_returns
 
@@ -78,8 +78,8 @@ def heldout_ev(models, micro_batch: int, group_size: int = 1):
     cut a problem's samples apart)."""
     def measure(ro, reduce_sum: SumRanks) -> dict[str, float]:
         with torch.no_grad(), models.autocast():
-            values = torch.cat([response_values(models.value, ro.rows(slice(s, s + micro_batch)))
-                                for s in range(0, ro.size, micro_batch)])
+            parts = [ro.rows(slice(s, s + micro_batch)) for s in range(0, ro.size, micro_batch)]
+            values = torch.cat([response_values(models.value, mb, value_log_probs(models, mb)) for mb in parts])
         mc = monte_carlo_returns(replace(ro, values=values)).returns
         first = torch.zeros_like(ro.response_mask)
         first[:, 0] = ro.response_mask[:, 0]

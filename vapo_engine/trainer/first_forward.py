@@ -23,7 +23,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from vapo_engine.config import TrainConfig
-from vapo_engine.rollout.experience import Rollout, attach_old_outputs, response_log_probs, response_values
+from vapo_engine.rollout.experience import (
+    Rollout,
+    attach_old_outputs,
+    response_log_probs,
+    response_values,
+    value_log_probs,
+)
 
 from .update import UpdateSpec, micro_batch_rows
 
@@ -66,7 +72,7 @@ def old_outputs(models, ro: Rollout, micro_batch: int, first_mini: torch.Tensor 
     keep[rows] = False
     rest = attach_old_outputs(models, ro.rows(torch.nonzero(keep).squeeze(-1)), micro_batch, policy=policy) \
         if bool(keep.any()) else None
-    lp = ent = ref = v = None
+    lp = ent = ref = v = value_lp = None
     with torch.enable_grad(), models.autocast():
         if policy:
             lp, ent = response_log_probs(models.policy, mb, with_entropy=True)
@@ -74,8 +80,9 @@ def old_outputs(models, ro: Rollout, micro_batch: int, first_mini: torch.Tensor 
                 with torch.no_grad():
                     ref = response_log_probs(models.reference, mb)[0]
         if models.value is not None:
-            v = response_values(models.value, mb)
-    firsts = {"old_log_probs": lp, "entropy": ent, "ref_log_probs": ref, "values": v}
+            value_lp = value_log_probs(models, mb) if lp is None else None  # a surprise head's inputs
+            v = response_values(models.value, mb, lp if lp is not None else value_lp)
+    firsts = {"old_log_probs": lp if lp is not None else value_lp, "entropy": ent, "ref_log_probs": ref, "values": v}
     merged = {name: _merge(None if rest is None else getattr(rest, name), keep, rows, first,
                            ro.response_mask.shape[1]) for name, first in firsts.items()
               if first is not None and getattr(ro, name) is None}  # the sampler's old log-probs are kept whole

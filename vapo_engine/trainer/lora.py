@@ -113,7 +113,7 @@ def target_names(model: torch.nn.Module, wanted: list[str], excluded: list) -> l
     except `excluded` (LM head, value head; a leaf name those share is replaced by full paths); listed names
     must each match a module (a name matches a module whose path ends with it)."""
     from transformers.pytorch_utils import Conv1D
-    skip = {id(m) for m in excluded if m is not None}
+    skip = {id(sub) for m in excluded if m is not None for sub in m.modules()}  # a head's own layers too
     names = [n for n, m in model.named_modules() if n]
     linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
     if wanted != [ALL_LINEAR]:

@@ -25,6 +25,7 @@ from vapo_engine.config.train_model import RolloutConfig
 from vapo_engine.errors import UserError
 from vapo_engine.rollout.backends import RolloutBackend, make_backend
 from vapo_engine.rollout.tokenizer import NO_REMOTE_CODE, load_tokenizer, refuse_remote_code
+from vapo_engine.rollout.value_head import attach_head, head_kind
 
 from .small_critic import CriticShapeError, build_small_value
 
@@ -89,11 +90,12 @@ def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:a
 def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
                 reference_path: str | Path | None, device: torch.device,
                 autocast_dtype: torch.dtype | None, rollout: RolloutConfig | None = None,
-                value_shape: tuple[float, float] | None = None, seed: int = 0) -> Models:
+                value_shape: tuple[float, float] | None = None, seed: int = 0, value_head: str = "linear") -> Models:
     """Load tokenizer + policy from `path`, the value model from `value_path` (default `path`) when needed,
     scaled to `value_shape` = (width_ratio, depth_ratio) of it when given (fresh weights seeded by `seed`), and
     a frozen reference from `reference_path` when given, all onto `device`; the rollout backend that `rollout`
-    names (default: the in-process "hf")."""
+    names (default: the in-process "hf"). `value_head` (critic.head) is the head of a fresh value model; one
+    loaded from a saved value model must be the head it was saved with."""
     backend = make_backend(rollout or RolloutConfig())  # an unknown name fails before any weights load
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -105,7 +107,8 @@ def load_models(path: Path, *, value_path: str | Path | None, need_value: bool,
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    value = _load_value(Path(value_path) if value_path else path, value_shape, seed) if need_value else None
+    value = _load_value(Path(value_path) if value_path else path, value_shape, seed, value_head) \
+        if need_value else None
     if value is not None and value.config.vocab_size < len(tok):
         raise ModelLoadError(f"the value model from {str(value_path or path)!r} knows {value.config.vocab_size} "
                              f"token ids, the policy's tokenizer has {len(tok)}: the critic reads the policy's "
@@ -127,10 +130,12 @@ def _load_reference(path: str | Path) -> PreTrainedModel:
         raise ModelLoadError(f"cannot load the reference model from {str(path)!r}: {e}") from None
 
 
-def _load_value(path: Path, shape: tuple[float, float] | None = None, seed: int = 0) -> PreTrainedModel:
-    """The value model from `path` (scaled to `shape`: small_critic.py). A head that the directory does not
-    hold (a policy or base model) starts at zero, so the fresh critic predicts 0 everywhere (explained variance
-    0, not the −0.2…−0.4 of a random head) and its first gradients come from the targets alone."""
+def _load_value(path: Path, shape: tuple[float, float] | None = None, seed: int = 0, head: str = "linear"
+                ) -> PreTrainedModel:
+    """The value model from `path` (scaled to `shape`: small_critic.py) with the value head `head`
+    (rollout/value_head.py). A head that the directory does not hold (a policy or base model) starts at zero,
+    so the fresh critic predicts 0 everywhere (explained variance 0, not the −0.2…−0.4 of a random head) and its
+    first gradients come from the targets alone; a saved value model keeps its own head, which must be `head`."""
     try:
         refuse_remote_code(path)
         if shape is not None and shape != (1.0, 1.0):
@@ -152,4 +157,10 @@ def _load_value(path: Path, shape: tuple[float, float] | None = None, seed: int 
             if name in fresh and name.split(".")[-1] in ("score", "classifier"):  # the new scalar head
                 for p in module.parameters():
                     p.zero_()
+    saved = head_kind(model)
+    if saved != "linear" and saved != head:
+        raise ModelLoadError(f"the value model in {str(path)!r} was saved with critic.head = {saved!r}, this run "
+                             f"asks for {head!r}: set critic.head = {saved!r}, or start the critic from a model "
+                             "without a value head of its own")
+    attach_head(model, saved if saved != "linear" else head, path if saved != "linear" else None)
     return model

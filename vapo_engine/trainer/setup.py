@@ -197,7 +197,7 @@ def _models(cfg: TrainConfig, base: Path, ckpt: Path | None, device, parallel: P
                          need_value=cfg.decisions.uses_critic, reference_path=base if kl and not lora else None,
                          device=torch.device("cpu") if sharded else device,
                          autocast_dtype=pick_autocast(cfg.model.dtype, device), rollout=cfg.rollout,
-                         value_shape=shape, seed=seed)
+                         value_shape=shape, seed=seed, value_head=cfg.critic.head)
     apply_memory_options(models, cfg)  # before sharding / adapters: checkpointing on the HF decoder layers
     if sharded:  # every rank loaded the same files (a fresh value head is zero): shard, shards go to `device`
         models.device = device
