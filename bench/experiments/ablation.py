@@ -64,6 +64,12 @@ from bench.lib.stats import spread, welch_ci
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS
 
 ROWS = (*DEFAULT_ABLATION, "dapo")
+OFFLINE = "vapo_offline_critic"
+"""A row of the paired design only: full VAPO from a critic pretrained once, offline, for `--offline-critic-rounds`
+rollouts of the initial policy (seed OFFLINE_SEED, a prompt stream no row draws), and reused by every seed: its
+whole budget goes to policy steps; the critic's rollouts are reported beside the table, not counted in it (a user
+who runs many jobs from one base model pays them once)."""
+OFFLINE_SEED = 1000
 SAMPLE_EFFICIENCY = ("vapo", "ppo", "grpo")
 MODULE = "bench.experiments.ablation"
 
@@ -94,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "design's area and threshold (sampled = avg@k at the training temperature)")
     p.add_argument("--critic-dir", default=str(records.REPO / "bench" / ".cache" / "critics"),
                    help="where the paired design keeps its shared critics (reused when their settings match)")
+    p.add_argument("--offline-critic-rounds", type=int, default=32, help=f"value-pretraining rollouts of the critic of "
+                   f"the row {OFFLINE} (paired design; pretrained once, reused by every seed, not in the budget)")
     p.add_argument("--name", default=None, help="record name (default ablation[_<preset>][_paired])")
     p.add_argument("--pretrain-only", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one critic
     p.add_argument("--smoke", action="store_true", help="tiny runs (seconds) to check the script works")
@@ -199,6 +207,11 @@ def save_sample_efficiency(args, meta: dict, runs: list[dict], t0: float, load0,
     return path, summary
 
 
+def config_variant(row: str) -> str:
+    """The variant whose config a row trains with (the offline-critic row is VAPO's, given a value path)."""
+    return "vapo" if row == OFFLINE else row
+
+
 def record_name(preset: str) -> str:
     return "ablation" if preset == PRESET else f"ablation_{preset.removesuffix('-demo')}"
 
@@ -212,7 +225,7 @@ def run_cells(args, cells: list[tuple[str, int]], steps: int, every: int, extra:
         n, more = (per_cell or {}).get(cell, (steps, ()))
         budget = ["--smoke"] if args.smoke and not per_cell else ["--steps", str(n), "--eval-interval", str(every)]
         return ["--preset", args.preset, *budget, *[x for o in (*extra, *more) for x in ("--set", o)],
-                "--seeds", str(cell[1]), "--variants", cell[0]]
+                "--seeds", str(cell[1]), "--variants", config_variant(cell[0])]
     return _children(args, cells, argv, lambda out: json.loads(
         (out / f"{record_name(args.preset)}.json").read_text(encoding="utf-8"))["runs"][0], on_done)
 
@@ -265,6 +278,11 @@ def critic_dir(args, seed: int, extra: tuple[str, ...]) -> Path:
     return Path(args.critic_dir) / f"critic-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def offline_extra(args, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The settings of the offline critic: the rows' overrides with `--offline-critic-rounds` rounds, no plateau stop."""
+    return (*extra, f"vapo.value_pretrain_steps={args.offline_critic_rounds}", "vapo.value_pretrain_patience=0")
+
+
 def pretrain_critic(args, seed: int, extra: tuple[str, ...]) -> dict:
     """Value pretraining alone (the value-only run of `vapo-mcp pretrain-value`) with the VAPO row's config and
     `seed`; the value model and `critic.json` (rounds, rollouts, held-out EV per round, wall time) go to
@@ -312,7 +330,8 @@ def reusable_budget(paths: str | None, meta: dict) -> tuple[dict, dict, list[flo
             continue
         for r in rec["runs"]:
             runs.setdefault((r["variant"], r["seed"]), {**r, "reused_from": r.get("reused_from", path)})
-        critics |= {int(s): c for s, c in rec.get("critics", {}).items() if int(s) not in critics}
+        critics |= {(int(s) if s.isdigit() else s): c for s, c in rec.get("critics", {}).items()
+                    if (int(s) if s.isdigit() else s) not in critics}
         walls += rec["wall_s_invocations"]
     return runs, critics, walls
 
@@ -324,12 +343,19 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
     old, old_critics = old or {}, old_critics or {}
     fresh = [s for s in seeds if s not in old_critics]
     critics = {**{s: old_critics[s] for s in seeds if s in old_critics}, **shared_critics(args, fresh, extra)}
+    if OFFLINE in variants:  # pretrained once (cached like the others), outside every row's budget
+        critics[OFFLINE] = old_critics.get(OFFLINE) or pretrain_critic(args, OFFLINE_SEED, offline_extra(args, extra))
     base, _ = load_bench_config("vapo", extra, args.preset)
     upr = base.training.batch_size // base.mini_batch_size * base.training.ppo_epochs
     cells = {}
     for v in variants:  # row by row: an interrupted design leaves whole rows (every seed) in the cell cache
         for seed in seeds:
             if (v, seed) in old:
+                continue
+            if v == OFFLINE:
+                c = critics[OFFLINE]
+                cells[v, seed] = (args.budget * upr, (f"model.value_path={json.dumps(c['path'])}",
+                                                      "vapo.value_pretrain_steps=0"), None)
                 continue
             uses = load_bench_config(v, extra, args.preset)[0].decisions.value_pretrain_steps > 0
             c = critics[seed]
@@ -347,7 +373,8 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
     else:
         for k in todo:
             n, m, _ = cells[k]
-            done[k] = _keep(cached[k], run_variant(k[0], k[1], n, every, (*extra, *m), preset=args.preset))
+            done[k] = _keep(cached[k], run_variant(config_variant(k[0]), k[1], n, every, (*extra, *m),
+                                                    preset=args.preset))
     for (v, seed), (n, _, c) in cells.items():
         done[v, seed].update(variant=v, pretrain_rollouts=c["rollouts"] if c else 0, updates_per_rollout=upr,
                              shared_critic=None if c is None else {k: c[k] for k in ("rounds", "responses", "wall_s")}

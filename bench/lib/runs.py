@@ -105,7 +105,7 @@ def eval_curve(records: list[dict]) -> list[dict]:
     pts = [{"step": int(r["step"]), "greedy": r.get("eval/greedy_accuracy"),
             "time_s": round(r["time"] - t0, 1) if t0 is not None and isinstance(r.get("time"), (int, float))
             else None,
-            "sampled": r.get("eval/sampled_accuracy"),
+            "sampled": r.get("eval/sampled_accuracy"), "critic_ev_within_prompt": r.get("eval/critic_ev_within_prompt"),
             **{f"greedy_{b}": r[f"eval/greedy_accuracy_{b}"] for b in ("short", "mid", "long")
                if f"eval/greedy_accuracy_{b}" in r}} for r in records if r.get("kind") == "eval"]
     return sorted(pts, key=lambda p: p["step"])
@@ -131,6 +131,9 @@ def train_stats(records: list[dict]) -> dict:
     """Means over the training steps of the run diagnostics the benchmarks report."""
     return {"mean_explained_var": _mean_of(records, "critic/explained_var"),
             "pooled_explained_var": pooled_explained_var(records),
+            "mean_explained_var_within_prompt": _mean_of(records, "critic/explained_var_within_prompt"),
+            "pretrain_explained_var_within_prompt_last": _last(records, "critic/pretrain_explained_var_within_prompt",
+                                                               "pretrain"),
             "pretrain_explained_var_last": _last(records, "critic/pretrain_explained_var", "pretrain"),
             "mean_response_length": _mean_of(records, "rollout/response_length"),
             "mean_lambda_policy": _mean_of(records, "vapo/lambda_policy_mean"),

@@ -45,6 +45,11 @@ class CriticConfig(Section):
     the policy's own log-prob of the sign: AUC 1.0): bench/results/critic_fit.json. Costs one policy forward
     per value-pretraining rollout (the log-probs), nothing in policy steps (their old log-probs are reused)."""
 
+    ceiling_within_prompt: float | None = Field(None, gt=0, le=1)
+    """The highest within-prompt explained variance any critic can reach on this run's task from its starting
+    policy, when measured (`python -m bench.experiments.critic` estimates it from Monte-Carlo continuations); the
+    progress lines then show the critic's within-prompt EV next to it. Unset = not known, not shown."""
+
     @model_validator(mode="after")
     def _one_way(self) -> CriticConfig:
         if self.model_path and self.scaled:
