@@ -207,9 +207,21 @@ def save_sample_efficiency(args, meta: dict, runs: list[dict], t0: float, load0,
     return path, summary
 
 
+LINEAR = "vapo_linear_critic"
+"""A row of the paired design only: full VAPO with the hidden-state critic (critic.head = "linear"), for presets
+whose critic is the surprise head: what the head changes, everything else equal."""
+BENCH_ROWS = {OFFLINE: ("vapo", ()), LINEAR: ("vapo", ('critic.head="linear"',))}
+"""Rows that are a variant of vapo_engine.variants plus overrides: name -> (variant, overrides)."""
+
+
 def config_variant(row: str) -> str:
-    """The variant whose config a row trains with (the offline-critic row is VAPO's, given a value path)."""
-    return "vapo" if row == OFFLINE else row
+    """The variant whose config a row trains with (the bench-only rows are VAPO's)."""
+    return BENCH_ROWS[row][0] if row in BENCH_ROWS else row
+
+
+def row_overrides(row: str) -> tuple[str, ...]:
+    """The overrides a bench-only row adds to its variant's (none for a plain variant)."""
+    return BENCH_ROWS[row][1] if row in BENCH_ROWS else ()
 
 
 def record_name(preset: str) -> str:
@@ -300,23 +312,33 @@ def pretrain_critic(args, seed: int, extra: tuple[str, ...]) -> dict:
                           extra={"mode": "value_pretrain", "value_out": str(out / "value_model")})
         t0 = time.perf_counter()
         summary = train(info.run_dir, log=lambda m: None)
-        evs = [r.get("critic/pretrain_explained_var") for r in RunDir(info.run_dir).metrics() if r["kind"] == "pretrain"]
+        recs = [r for r in RunDir(info.run_dir).metrics() if r["kind"] == "pretrain"]
+        evs = [r.get("critic/pretrain_explained_var") for r in recs]
+        within = [r.get("critic/pretrain_explained_var_within_prompt") for r in recs]
     meta = {"seed": seed, "path": str(out / "value_model"), "rounds": summary["steps"], "rollouts": summary["steps"],
             "responses": summary["steps"] * config.training.batch_size, "heldout_explained_var": evs,
+            "heldout_explained_var_within_prompt": within,
             "wall_s": round(time.perf_counter() - t0, 1), "overrides": overrides}
     (out / "critic.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
 
 
-def shared_critics(args, seeds: list[int], extra: tuple[str, ...]) -> dict[int, dict]:
-    """One pretrained critic per seed (`--jobs` at a time in child processes), reused across rows and runs."""
-    todo = [s for s in seeds if not (critic_dir(args, s, extra) / "critic.json").is_file()]
+def shared_critics(args, seeds: list[int], extra: tuple[str, ...], more: tuple[str, ...] = ()) -> dict[int, dict]:
+    """One pretrained critic per seed (`--jobs` at a time in child processes), reused across rows and runs;
+    `more`: a bench-only row's own overrides (its critic is its own)."""
+    todo = [s for s in seeds if not (critic_dir(args, s, (*extra, *more)) / "critic.json").is_file()]
     if args.jobs > 1 and len(todo) > 1:
         _children(args, todo, lambda s: ["--pretrain-only", "--preset", args.preset, "--seeds", str(s),
                                          *(["--smoke"] if args.smoke else []),
-                                         *[x for o in args.overrides for x in ("--set", o)],
+                                         *[x for o in (*args.overrides, *more) for x in ("--set", o)],
                                          "--critic-dir", args.critic_dir], lambda out: None)
-    return {s: pretrain_critic(args, s, extra) for s in seeds}
+    return {s: pretrain_critic(args, s, (*extra, *more)) for s in seeds}
+
+
+def critic_key(row: str, seed: int) -> str:
+    """The record's key of the critic a row of `seed` starts from: the seed (VAPO's, shared by every row that
+    pretrains), `<seed>:<row>` for a bench-only row with its own critic settings, or OFFLINE."""
+    return OFFLINE if row == OFFLINE else f"{seed}:{row}" if row_overrides(row) else str(seed)
 
 
 def reusable_budget(paths: str | None, meta: dict) -> tuple[dict, dict, list[float]]:
@@ -330,8 +352,7 @@ def reusable_budget(paths: str | None, meta: dict) -> tuple[dict, dict, list[flo
             continue
         for r in rec["runs"]:
             runs.setdefault((r["variant"], r["seed"]), {**r, "reused_from": r.get("reused_from", path)})
-        critics |= {(int(s) if s.isdigit() else s): c for s, c in rec.get("critics", {}).items()
-                    if (int(s) if s.isdigit() else s) not in critics}
+        critics |= {s: c for s, c in rec.get("critics", {}).items() if s not in critics}
         walls += rec["wall_s_invocations"]
     return runs, critics, walls
 
@@ -341,8 +362,10 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
     """The paired design: rows spend `args.budget` rollouts each, shared value pretraining included; `old` runs
     (and their critics) are taken as they are. Returns the runs and the critics by seed."""
     old, old_critics = old or {}, old_critics or {}
-    fresh = [s for s in seeds if s not in old_critics]
-    critics = {**{s: old_critics[s] for s in seeds if s in old_critics}, **shared_critics(args, fresh, extra)}
+    critics = {k: c for k, c in old_critics.items()}
+    for row in ["vapo", *(v for v in variants if v in BENCH_ROWS and v != OFFLINE)]:  # each its per-seed critics
+        fresh = [s for s in seeds if critic_key(row, s) not in critics]
+        critics |= {critic_key(row, s): c for s, c in shared_critics(args, fresh, extra, row_overrides(row)).items()}
     if OFFLINE in variants:  # pretrained once (cached like the others), outside every row's budget
         critics[OFFLINE] = old_critics.get(OFFLINE) or pretrain_critic(args, OFFLINE_SEED, offline_extra(args, extra))
     base, _ = load_bench_config("vapo", extra, args.preset)
@@ -357,12 +380,14 @@ def run_budget(args, seeds: list[int], variants: list[str], every: int, extra: t
                 cells[v, seed] = (args.budget * upr, (f"model.value_path={json.dumps(c['path'])}",
                                                       "vapo.value_pretrain_steps=0"), None)
                 continue
-            uses = load_bench_config(v, extra, args.preset)[0].decisions.value_pretrain_steps > 0
-            c = critics[seed]
+            own = row_overrides(v)
+            uses = load_bench_config(config_variant(v), (*extra, *own), args.preset)[0].decisions.value_pretrain_steps > 0
+            c = critics.get(critic_key(v, seed))
             if uses and c["rollouts"] >= args.budget:
                 raise SystemExit(f"--budget {args.budget} is used up by value pretraining ({c['rollouts']} rounds, "
                                  f"seed {seed}): raise --budget or lower vapo.value_pretrain_steps")
-            more = (f"model.value_path={json.dumps(c['path'])}", "vapo.value_pretrain_steps=0") if uses else ()
+            more = (*own, *((f"model.value_path={json.dumps(c['path'])}", "vapo.value_pretrain_steps=0") if uses
+                            else ()))
             cells[v, seed] = ((args.budget - (c["rollouts"] if uses else 0)) * upr, more, c if uses else None)
     cached = {k: cell_cache(args, k, n, every, (*extra, *m)) for k, (n, m, _) in cells.items()}
     done = {k: json.loads(f.read_text(encoding="utf-8")) for k, f in cached.items() if f.is_file()}
@@ -395,6 +420,8 @@ def save_budget(args, meta: dict, runs: list[dict], critics: dict, t0: float, lo
               "wall_s_runs_and_critics_sum": round(work, 1),  # the design's work, also when runs came from the cache
               "load_avg_start": load0, "load_avg_end": records.load_avg(), "design": "paired_budget",
               "critics": {str(s): c for s, c in critics.items()}, "table": table, "runs": runs,
+              "bench_rows": {k: {"variant": v, "overrides": list(o)} for k, (v, o) in BENCH_ROWS.items()
+                             if k in meta["variants"]},
               "paper_note": "paper_aime24 = AIME 2024 avg@32 of Qwen2.5-32B after ~5,000 steps (VAPO paper, "
                             "arXiv 2504.05118); a different model and benchmark, shown for orientation only"}
     name = args.name or record_name(meta["preset"]) + "_paired"

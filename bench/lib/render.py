@@ -45,9 +45,15 @@ def section(lines: list[str], rec: dict, *notes: str) -> str:
     return "\n".join([*lines, *(x for note in notes for x in ("", note)), "", machine(rec)])
 
 
+BENCH_LABELS = {"vapo_offline_critic": "full VAPO from a critic pretrained once offline and reused (its rollouts "
+                                       "not in the budget)",
+                "vapo_linear_critic": "full VAPO with the hidden-state critic (critic.head = linear)"}
+"""The rows of the paired design that are not variants (bench/experiments/ablation.py BENCH_ROWS)."""
+
+
 def _label(variant: str) -> str:
     from vapo_engine.variants import VARIANTS
-    return VARIANTS[variant].description if variant in VARIANTS else variant
+    return VARIANTS[variant].description if variant in VARIANTS else BENCH_LABELS.get(variant, variant)
 
 
 def _interval(t: dict | None) -> str:
