@@ -36,6 +36,7 @@ from vapo_engine.errors import UserError
 from vapo_engine.metrics import accuracies
 from vapo_engine.providers import safe_text
 from vapo_engine.providers.pool import percentile
+from vapo_engine.realmodels.source import packaged_name
 from vapo_engine.runs import freeze_paths, load_run
 from vapo_engine.serving.source import ModelSource, resolve_source
 from vapo_engine.tasks import TaskError, get_task
@@ -179,7 +180,8 @@ async def evaluate(f: Files, *, backend: Literal["local", "channel"] = "local", 
 
     def prepare() -> tuple[EvalPlan, object, ModelSource | None]:  # disk work (checkpoint hashes): off the loop
         run_dir = _run_dir(f, run_id) if run_id else None
-        source = resolve_source(run_dir or access.confine(model_dir, f), step=step) if backend == "local" else None
+        where = model_dir if packaged_name(model_dir) else run_dir or access.confine(model_dir, f)
+        source = resolve_source(where, step=step) if backend == "local" else None
         plan, task = make_plan(f, run_dir=run_dir, step=source.step if source else step, benchmark=benchmark,
                                num_problems=num_problems, samples=samples_per_problem, max_tokens=max_tokens,
                                preset=preset, caps=caps)

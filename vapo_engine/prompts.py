@@ -158,6 +158,15 @@ def describe(fmt: PromptFormat, model: ModelConfig, where: str) -> str:
 def check_prompts(model: ModelConfig, base_dir: str | Path = ".") -> PromptCheck:
     """The prompt format a run of this `[model]` section would use, from the model directory's files
     (`local_path` relative to `base_dir`, the config file's folder, as runs resolve it)."""
+    from vapo_engine.realmodels.source import cached_folder, is_gguf_spec
+    gguf = model.local_path if is_gguf_spec(model.local_path) else model.builtin if is_gguf_spec(model.builtin) \
+        else None
+    if gguf:  # read the converted folder; before the first conversion the run decides
+        folder = cached_folder(gguf if model.local_path is None or Path(gguf).is_absolute()
+                               else Path(base_dir) / gguf)
+        if folder is None:
+            return PromptCheck(None, f"prompts: decided when {gguf} is first converted (its chat template, if any)")
+        return _dir_check(model, folder, gguf)
     if not model.local_path:
         if model.prompt_format == "chat":
             return PromptCheck(None, f"prompts: none usable ({BUILTIN} has no chat template)",
@@ -167,8 +176,12 @@ def check_prompts(model: ModelConfig, base_dir: str | Path = ".") -> PromptCheck
     path = path if path.is_absolute() else Path(base_dir) / path
     if not (path / "config.json").is_file():
         return PromptCheck(None, f"prompts: unknown (model.local_path {path} is not a model directory)")
+    return _dir_check(model, path, str(path))
+
+
+def _dir_check(model: ModelConfig, path: Path, where: str) -> PromptCheck:
     try:
-        fmt = resolve_prompt_format(model, path)
+        fmt = resolve_prompt_format(model, path, where=where)
     except PromptFormatError:
-        return PromptCheck(None, f"prompts: none usable ({path} has no chat template)", no_template_problem(str(path)))
-    return PromptCheck(fmt.mode, f"prompts: {describe(fmt, model, str(path))}")
+        return PromptCheck(None, f"prompts: none usable ({where} has no chat template)", no_template_problem(where))
+    return PromptCheck(fmt.mode, f"prompts: {describe(fmt, model, where)}")

@@ -20,16 +20,19 @@ def register(sub) -> None:
     p = sub.add_parser("serve-model", help="serve a run's checkpoint or a model directory as an OpenAI-compatible "
                                            "endpoint")
     add_file_options(p)
-    add_arguments(p, target_help="a run id (vapo-mcp runs list), a run directory, or a Hugging Face model "
-                                 "directory")
+    add_arguments(p, target_help="a run id (vapo-mcp runs list), a run directory, a Hugging Face model "
+                                 "directory, a .gguf file, or builtin:smollm2-135m-instruct")
     p.set_defaults(func=serve_model)
 
 
 def resolve_target(target: str, config: str, settings: str) -> Path:
     """A folder as given, else a run id looked up in the run registry of settings.json's log dir."""
+    from vapo_engine.realmodels.source import is_gguf_spec
     path = Path(target).expanduser()
     if path.is_dir():
         return path
+    if is_gguf_spec(target):
+        return Path(target) if target.startswith("builtin:") else path
     if "/" in target or target.startswith((".", "~")):
         raise UserError(f"{target}: no such folder; pass an existing run or model directory, or a run id")
     mgr, _ = manager_for(files(config, settings))

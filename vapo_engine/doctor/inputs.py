@@ -58,7 +58,12 @@ def _dataset(key: str, spec: str, data_dir: Path) -> tuple[Finding, Task | None]
 
 
 def model_dir(cfg) -> Path | None:
-    """The folder whose config.json and tokenizer a run loads: model.local_path, else the shipped built-in."""
+    """The folder whose config.json and tokenizer a run loads: model.local_path, else the shipped built-in; for a
+    GGUF input (a .gguf file, a packaged model) its converted folder, None before the first conversion."""
+    from vapo_engine.realmodels.source import cached_folder, is_gguf_spec
+    gguf = cfg.model.local_path or cfg.model.builtin
+    if is_gguf_spec(gguf):
+        return cached_folder(gguf)
     if cfg.model.local_path:
         return Path(cfg.model.local_path).expanduser()
     from vapo_engine.builtin_model.recipes import RECIPES
@@ -70,7 +75,7 @@ def model_dir(cfg) -> Path | None:
 def template_findings(cfg, task: Task | None) -> list[Finding]:
     """The prompt format the model's tokenizer can take, and (for a model directory) the round trip."""
     check = check_prompts(cfg.model)
-    folder = Path(cfg.model.local_path).expanduser() if cfg.model.local_path else None
+    folder = model_dir(cfg) if cfg.model.local_path or cfg.model.builtin else None
     ev = {"prompt_format": cfg.model.prompt_format, "model": str(folder) if folder else "built-in"}
     if check.problem:
         return [error("template", f"model.prompt_format: {check.problem}", NO_TEMPLATE_FIX, **ev)]

@@ -15,6 +15,7 @@ no template, so `0047+0385=` sent as the user message is exactly the held-out pr
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,10 +133,12 @@ class ServedModel:
 
 def load_served_model(model_dir: str | Path, name: str, *, device: str = "auto",
                       dtype: str = "auto") -> ServedModel:
-    """Load `model_dir` for generation (eval mode, no gradients); `ModelLoadError` with the fix."""
+    """Load `model_dir` (a folder, or a GGUF input: realmodels) for generation (eval mode, no gradients);
+    `ModelLoadError` with the fix."""
+    from vapo_engine.realmodels.convert import model_folder
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    path = Path(model_dir)
+    path = model_folder(model_dir, log=lambda m: print(m, file=sys.stderr))  # a GGUF input: its cached folder
     dev = pick_device(device)
     try:
         tok = load_tokenizer(path)

@@ -5,6 +5,8 @@ and the tools call it before anything heavy is imported.
     resolve_source(run_dir)            -> <run>/checkpoints/step-NNNNNNN/policy, name = the run id
     resolve_source(run_dir, step=200)  -> that checkpoint, when it exists and verifies
     resolve_source(hf_dir)             -> hf_dir itself, name = the folder's name
+    resolve_source("x.gguf")           -> the file (converted into the cache when it loads), name = its stem
+    resolve_source("builtin:smollm2-135m-instruct") -> the packaged model, name = smollm2-135m-instruct
 
 A run id is resolved to its directory by the caller (the run registry is the tools' business:
 `tools.paths.manager_for`).
@@ -56,6 +58,14 @@ def _checkpoint(rd: RunDir, run_id: str, step: int | None) -> tuple[Path, int]:
 
 def resolve_source(path: str | Path, *, step: int | None = None) -> ModelSource:
     """A run directory or an HF model directory → the weights folder and default name (see the module doc)."""
+    from vapo_engine.realmodels.source import check_magic, is_gguf_spec, packaged_name
+    if is_gguf_spec(path):  # a .gguf file or a packaged name: converted into the cache when it loads
+        if step is not None:
+            raise SourceError(f"--step applies to a run, and {path} is a model; drop --step")
+        name = packaged_name(str(path))
+        if name is None:
+            check_magic(Path(path).expanduser())
+        return ModelSource(Path(str(path)) if name else Path(path).expanduser(), name or Path(path).stem)
     p = Path(path).expanduser()
     rd = RunDir(p)
     if rd.is_run():

@@ -74,8 +74,13 @@ def pick_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 def resolve_model_path(local_path: str | None, log=print, task: str = "builtin:addition") -> Path:
-    """The directory to load: `local_path`, or the cached built-in tiny model named `task` (a training task, or a
-    `model.builtin` name; shipped with the package; tasks without a model of their own use builtin:addition's)."""
+    """The directory to load: `local_path` (a folder, or a .gguf file converted into the cache), or the built-in
+    model named `task` (a training task, or a `model.builtin` name: a tiny model shipped with the package, tasks
+    without a model of their own use builtin:addition's; or a packaged pretrained model, converted)."""
+    from vapo_engine.realmodels.convert import model_folder
+    from vapo_engine.realmodels.source import is_gguf_spec
+    if local_path and is_gguf_spec(local_path) or not local_path and is_gguf_spec(task):
+        return model_folder(local_path or task, log=log)  # a GGUF input, dequantized once into the cache
     if local_path:
         p = Path(local_path).expanduser()
         if not (p / "config.json").is_file():
