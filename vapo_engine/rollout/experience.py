@@ -15,6 +15,7 @@ TRL and vLLM's processed log-probs with top_p = 1 do), so with top_p < 1 the rat
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, fields, replace
 
@@ -184,15 +185,22 @@ def from_generation(gen, scores: list[float], device, *, temperature: float, gen
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
     """Log-probs (N, R) of the response tokens under `model` at `ro.temperature` (and token entropies of that
     distribution if asked: a diagnostic, computed without gradient)."""
+    p, r = ro.prompt_len, ro.input_ids.shape[1] - ro.prompt_len
     out = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
-                use_cache=False)
-    p = ro.prompt_len
-    logits = out.logits[:, p - 1:-1, :]  # the model's dtype: algo/logits.py upcasts and scales row by row
+                use_cache=False, **keep_logits(model, r + 1))  # no (prompt × vocabulary) logits
+    logits = out.logits[:, -(r + 1):-1, :]  # the model's dtype: algo/logits.py upcasts and scales row by row
     lp = log_probs_from_logits(logits, ro.input_ids[:, p:], ro.temperature)
     if not with_entropy:
         return lp, None
     with torch.no_grad():
         return lp, entropy_from_logits(logits.detach(), ro.temperature)
+
+
+def keep_logits(model, n: int) -> dict:
+    """`{"logits_to_keep": n}` when `model`'s forward takes it (transformers' causal LMs: the LM head then runs on
+    the last `n` positions only), else {} (all positions; the caller slices)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper passes it on
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
 
 
 def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch.Tensor]:

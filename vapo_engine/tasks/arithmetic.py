@@ -175,7 +175,9 @@ class MultistepTask(ArithmeticTask):
 
 def _builtin_tasks() -> dict:
     from .chain import ChainTask, LongChainTask
-    return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask, "chain-long": LongChainTask}
+    from .word import SpeedTask, WordTask
+    return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask, "chain-long": LongChainTask,
+            "word": WordTask, "word-speed": SpeedTask}
 
 
 BUILTIN_TASKS = _builtin_tasks()
