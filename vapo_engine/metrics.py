@@ -118,6 +118,8 @@ CATALOGUE: dict[str, str] = {
     "eval/response_length": "mean greedy response length on the held-out set",
     **{f"eval/{kind}_accuracy_{b}": f"held-out {kind} accuracy on the task's {b} problems (tasks with buckets)"
        for kind in ("greedy", "sampled") for b in ("short", "mid", "long")},
+    **{f"eval/{kind}_accuracy_{b}": f"held-out {kind} accuracy on the {b} word problems (builtin:word)"
+       for kind in ("greedy", "sampled") for b in ("speed", "price", "rate", "percent", "two_step")},
     "eval/critic_ev": "the critic's explained variance on the held-out sampled responses (prompts it never "
                       "trained on), every response token against the Monte-Carlo return (the response's reward)",
     "eval/critic_ev_start": "the critic's explained variance on the held-out sampled responses at their first token "

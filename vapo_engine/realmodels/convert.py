@@ -19,6 +19,7 @@ Every problem is one `GgufError` line (source.py). Worker-side: imports torch an
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -171,15 +172,9 @@ def _write_folder(path: Path, out: Path, info: GgufInfo, sha: str, package: str 
 
 @contextlib.contextmanager
 def _no_progress_bars():
-    saved = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
+    """transformers draws a tqdm bar over the dequantization on stderr (tqdm reads TQDM_DISABLE only at import)."""
+    with contextlib.redirect_stderr(io.StringIO()):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = saved
 
 
 def _version(module) -> str:

@@ -7,7 +7,7 @@ The task a small pretrained instruct model (SmolLM2-135M-Instruct, SPEC §11) is
     price     total / count               "5 notebooks cost 35 dollars. How many dollars does one notebook cost?"
     rate      rate × time                 "A machine makes 12 parts per hour. How many parts does it make in 7 hours?"
     percent   p % of x                    "What is 25% of 80?"
-    two-step  rate × time + extra, or money − count × price (change)
+    two_step  rate × time + extra, or money − count × price (change)
 
 `bucket()` is the kind; the kinds differ in difficulty for the model (measured: bench/results/smollm_word_baseline.json).
 Generation is deterministic for a seeded `random.Random`; train and held-out problems sit on opposite sides of a
@@ -30,7 +30,7 @@ from .base import Problem, sample_split
 
 _HELDOUT_FRACTION = 0.1
 _HELDOUT_SEED = 20251205
-KINDS = ("speed", "price", "rate", "percent", "two-step")
+KINDS = ("speed", "price", "rate", "percent", "two_step")
 
 _SPEED = ("A train covers {d} km in {t} hours. What is its average speed in km/h?",
           "A car travels {d} km in {t} hours. What is its average speed in km/h?",
@@ -81,7 +81,7 @@ def _two_step(rng: random.Random) -> tuple[str, str, int]:
     return f"two:{i}:{r}:{h}:{e}", _TWO_STEP[i].format(r=r, h=h, e=e), e - r * h
 
 
-_MAKERS = {"speed": _speed, "price": _price, "rate": _rate, "percent": _percent, "two-step": _two_step}
+_MAKERS = {"speed": _speed, "price": _price, "rate": _rate, "percent": _percent, "two_step": _two_step}
 
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)", re.IGNORECASE)
 
@@ -158,7 +158,7 @@ class WordTask:
         return out
 
     def bucket(self, problem: Problem) -> str:
-        return problem.id.removeprefix("word-").split(":")[0].replace("two", "two-step")
+        return problem.id.removeprefix("word-").split(":")[0].replace("two", "two_step")
 
     def reward(self, response: str, answer: str) -> float:
         got = word_answer(response)
