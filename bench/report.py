@@ -23,7 +23,7 @@ from pathlib import Path
 if not __package__:  # run as a file (`python bench/report.py`): make the bench package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib import render, render_trl
+from bench.lib import render, render_smollm, render_trl
 from bench.lib.records import REPO
 
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
@@ -50,6 +50,12 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      "Bytes per rank of weights, gradients and optimizer states, measured on CPU and extrapolated."),
     ("provider_samples", "Provider samples as extra positives", render.provider_samples,
      "A run with and without correct answers of an API model (here: a served checkpoint) in its replay buffer."),
+    ("smollm_word_baseline", "A real pretrained model before RL: SmolLM2-135M-Instruct on word problems",
+     render_smollm.baseline, "What the base model gets right on builtin:word, per kind of problem."),
+    ("smollm_speed", "A real model's rollout step on this CPU, next to the physical bound", render_smollm.speed,
+     "Where a smollm-word rollout step spends its time, and how far each part is from FLOPs ÷ the measured rate."),
+    ("smollm_word_run", "VAPO on SmolLM2-135M-Instruct: the smollm-word preset", render_smollm.run,
+     "Does held-out accuracy rise within an hour on 2 cores, and does the trained model answer the smoke question?"),
 )
 INTRO = """# Results
 

@@ -127,8 +127,7 @@ class WordTask:
 
     name = "builtin:word"
     max_new_tokens = 128
-    system_prompt = ("Solve the math word problem. Think step by step in a few short sentences, then end with "
-                     "'The answer is N.' where N is a single number.")
+    system_prompt = "Solve the problem briefly. End with: The answer is N."
 
     def __init__(self, kinds: tuple[str, ...] = KINDS):
         unknown = [k for k in kinds if k not in _MAKERS]
