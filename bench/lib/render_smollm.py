@@ -6,7 +6,7 @@ from __future__ import annotations
 from .render import f, section
 
 BUCKETS = ("speed", "price", "rate", "percent", "two_step")
-SCALE = ("Numbers of a 135M-parameter model on a 2-core CPU (SPEC §11), not of the paper's 32B model.")
+SCALE = ("Numbers of a 135M-parameter model on a 2-core CPU, not of the paper's 32B model.")
 
 
 def _bucket_cells(buckets: dict, kind: str) -> str:

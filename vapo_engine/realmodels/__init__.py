@@ -1,4 +1,4 @@
-"""Real pretrained models offline (SPEC §11): GGUF files as input, and the ones pip packages ship by name.
+"""Real pretrained models offline (docs/training.md#a-real-model-offline-gguf-files-and-smollm2-135m-instruct): GGUF files as input, and the ones pip packages ship by name.
 
 `source` (torch-free): the packaged names (`builtin:smollm2-135m-instruct`), locating their file without
 importing the package, GGUF header checks with one-line errors. `convert` (torch): the GGUF dequantized once

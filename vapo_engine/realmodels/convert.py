@@ -1,4 +1,4 @@
-"""A GGUF model as a Hugging Face folder: dequantized once into the cache, reused afterwards (SPEC §11).
+"""A GGUF model as a Hugging Face folder: dequantized once into the cache, reused afterwards.
 
     model_folder("builtin:smollm2-135m-instruct")  -> <cache>/gguf/SmolLM2-135M-Instruct.Q4_1-<sha256[:16]>/
     model_folder("/models/x.Q8_0.gguf")            -> <cache>/gguf/x.Q8_0-<sha256[:16]>/

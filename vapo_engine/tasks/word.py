@@ -1,6 +1,6 @@
 """`builtin:word` — arithmetic word problems in English, grown outward from the seed's smoke question.
 
-The task a small pretrained instruct model (SmolLM2-135M-Instruct, SPEC §11) is trained on: "A train covers
+The task a small pretrained instruct model (SmolLM2-135M-Instruct, docs/training.md) is trained on: "A train covers
 240 km in 3 hours. What is its average speed in km/h?" (→ 80) and its relatives, five kinds with integer answers:
 
     speed     distance / time             "A train covers 240 km in 3 hours. What is its average speed in km/h?"
