@@ -47,8 +47,14 @@ def speed(rec: dict) -> str:
             f"micro-batch's ({m['update_mlp']['m_k_n']}), {m['square_1024']['gflops']:.1f} at 1024³. The LM head on "
             f"response positions only (logits_to_keep) makes the trainer's log-prob pass {k['smollm']['speedup']:.2f}× "
             f"as fast on this model and {k['tiny']['speedup']:.2f}× on the built-in tiny model (medians of "
-            f"interleaved repeats). {SCALE}")
+            f"interleaved repeats). {_profile(rec['sampling_profile'])} {SCALE}")
     return section(lines, rec, note)
+
+
+def _profile(prof: dict) -> str:
+    ops = ", ".join(f"{o['op'].removeprefix('aten::')} {100 * o['share']:.0f} %" for o in prof["top_ops"][:5])
+    return (f"Profile of one sampling call ({prof['rows']} rows, {prof['new_tokens']} new tokens, torch.profiler "
+            f"self CPU time): {ops}.")
 
 
 def run(rec: dict) -> str:

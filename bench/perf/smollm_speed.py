@@ -12,7 +12,9 @@ Measured in one run, on a quiet machine (`cpu-slot --both`, OMP_NUM_THREADS=2):
    the response positions only in the trainer's passes) + 4 × layers × context × hidden for attention; a LoRA
    update's backward computes input gradients only through the frozen weights (≈ the forward again) plus the
    adapters' small weight gradients; the critic likewise (its own adapters, full head);
-4. the trainer's log-prob pass with and without `logits_to_keep` (the LM head on response positions only) on
+4. a torch.profiler breakdown of one sampling call at the rollout's shape (16 new tokens): the share of the
+   matmuls against the per-token work around them (cache concatenation, sampling, logits processors);
+5. the trainer's log-prob pass with and without `logits_to_keep` (the LM head on response positions only) on
    this model and on the built-in tiny model (interleaved repeats, the ratio measured in one run).
 
     OMP_NUM_THREADS=2 .venv/bin/python -m bench.perf.smollm_speed [--steps 2] [--out DIR]
@@ -150,6 +152,25 @@ def keep_logits_ratio(models, repeats: int = 5) -> dict:
     return {"kept_s": round(kept, 4), "all_positions_s": round(full, 4), "speedup": round(full / kept, 2)}
 
 
+def profile_sampling(tr, rows: int, new_tokens: int = 16) -> dict:
+    """torch.profiler over one sampling call of the rollout's shape: the share of CPU time of the top operators
+    (is generation bound by its matmuls, or by per-token work around them?)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vapo_engine.rollout.generate import sample
+    prompts = [p.prompt for p in tr.task.heldout(rows)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        sample(tr.models, prompts, max_new_tokens=new_tokens, temperature=1.0, prompt_format=tr.prompts,
+               policy_outputs=True)
+        wall = time.perf_counter() - t0
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops) or 1
+    return {"rows": rows, "new_tokens": new_tokens, "wall_s": round(wall, 2),
+            "top_ops": [{"op": e.key, "share": round(e.self_cpu_time_total / total, 3), "calls": e.count}
+                        for e in ops[:8]]}
+
+
 def tiny_models():
     import torch
 
@@ -167,6 +188,7 @@ def main(argv=None) -> int:
     rates = matmul_rates(cfg.training.batch_size, cfg.micro_batch_size * 160)
     rec = {"preset": "smollm-word", "overrides": args.set, "torch_threads": torch.get_num_threads(),
            "steps": rows, "matmul": rates, **bounds(tr, cfg, rows, rates),
+           "sampling_profile": profile_sampling(tr, cfg.training.batch_size),
            "log_probs_keep_logits": {"smollm": keep_logits_ratio(tr.models), "tiny": keep_logits_ratio(tiny_models())},
            "wall_s_total": round(time.perf_counter() - t0, 1), "load_avg_start": start,
            "load_avg_end": records.load_avg()}
