@@ -20,6 +20,7 @@ from vapo_engine.algo.schedule import warmup_constant
 from vapo_engine.config import TrainConfig
 from vapo_engine.prompts import BUILTIN, PLAIN, PromptFormat, resolve_prompt_format
 from vapo_engine.prompts import describe as describe_prompts
+from vapo_engine.realmodels.source import packaged_name
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.sinks import NullLogger, open_sinks
@@ -164,6 +165,8 @@ def _set_prompts(tr: Trainer, base: Path, log) -> None:
 
 
 def _model_name(cfg: TrainConfig, base: Path) -> str:
+    if not cfg.model.local_path and packaged_name(cfg.model.builtin):
+        return cfg.model.builtin  # a real pretrained model shipped by a package (vapo_engine/realmodels)
     return str(base) if cfg.model.local_path else BUILTIN
 
 
