@@ -47,8 +47,17 @@ def speed(rec: dict) -> str:
             f"micro-batch's ({m['update_mlp']['m_k_n']}), {m['square_1024']['gflops']:.1f} at 1024³. The LM head on "
             f"response positions only (logits_to_keep) makes the trainer's log-prob pass {k['smollm']['speedup']:.2f}× "
             f"as fast on this model and {k['tiny']['speedup']:.2f}× on the built-in tiny model (medians of "
-            f"interleaved repeats). {_profile(rec['sampling_profile'])} {SCALE}")
+            f"interleaved repeats). {_profile(rec['sampling_profile'])}{_full(rec.get('full_finetuning'))} {SCALE}")
     return section(lines, rec, note)
+
+
+def _full(ff: dict | None) -> str:
+    if not ff or not ff["steps"]:
+        return ""
+    st = ff["steps"][-1]
+    return (f" Full fine-tuning (lora.enabled = false, {ff['policy_trainable_params']:,} policy weights training): "
+            f"{st['perf/step_time_s']:.1f} s per rollout step (sampling {st['perf/sample_time_s']:.1f} s, actor "
+            f"{st['perf/actor_time_s']:.1f} s, optimizer {st['perf/optimizer_time_s']:.1f} s).")
 
 
 def _profile(prof: dict) -> str:

@@ -15,7 +15,8 @@ Measured in one run, on a quiet machine (`cpu-slot --both`, OMP_NUM_THREADS=2):
 4. a torch.profiler breakdown of one sampling call at the rollout's shape (16 new tokens): the share of the
    matmuls against the per-token work around them (cache concatenation, sampling, logits processors);
 5. the trainer's log-prob pass with and without `logits_to_keep` (the LM head on response positions only) on
-   this model and on the built-in tiny model (interleaved repeats, the ratio measured in one run).
+   this model and on the built-in tiny model (interleaved repeats, the ratio measured in one run);
+6. full fine-tuning (lora off) of the same preset: the parameters that train, and its steps' parts.
 
     OMP_NUM_THREADS=2 .venv/bin/python -m bench.perf.smollm_speed [--steps 2] [--out DIR]
 """
@@ -39,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=2, help="measured rollout steps (after one warm-up step)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="overrides of the preset")
+    p.add_argument("--full-ft-steps", type=int, default=1, help="rollout steps with full fine-tuning (lora off) "
+                   "measured after the LoRA ones (0 = none)")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
 
@@ -65,6 +68,14 @@ def build(overrides: list[str]):
     with tempfile.TemporaryDirectory(prefix="vapo-bench-") as tmp:
         info = create_run(cfg, settings_with_seed(1), Path(tmp), run_id="smollm-speed")
         return build_trainer(info.run_dir, write=False, log=lambda s: None), cfg
+
+
+def full_finetuning(overrides: list[str], steps: int) -> dict:
+    """The same preset with every weight training (lora.enabled = false): `steps` rollout steps after a warm-up,
+    the parameters that train, and the step's parts."""
+    tr, _ = build([*overrides, "lora.enabled=false"])
+    trains = sum(p.numel() for p in tr.models.policy.parameters() if p.requires_grad)
+    return {"policy_trainable_params": trains, "steps": measure_steps(tr, steps)}
 
 
 def measure_steps(tr, steps: int) -> list[dict]:
@@ -190,6 +201,7 @@ def main(argv=None) -> int:
            "steps": rows, "matmul": rates, **bounds(tr, cfg, rows, rates),
            "sampling_profile": profile_sampling(tr, cfg.training.batch_size),
            "log_probs_keep_logits": {"smollm": keep_logits_ratio(tr.models), "tiny": keep_logits_ratio(tiny_models())},
+           "full_finetuning": full_finetuning(args.set, args.full_ft_steps) if args.full_ft_steps else None,
            "wall_s_total": round(time.perf_counter() - t0, 1), "load_avg_start": start,
            "load_avg_end": records.load_avg()}
     path = records.write_record("smollm_speed", rec, records.REPO / args.out if args.out else None)
