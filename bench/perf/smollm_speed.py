@@ -23,6 +23,7 @@ Measured in one run, on a quiet machine (`cpu-slot --both`, OMP_NUM_THREADS=2):
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import tempfile
 import time
@@ -196,9 +197,10 @@ def main(argv=None) -> int:
     start, t0 = records.load_avg(), time.perf_counter()
     tr, cfg = build(args.set)
     rows = measure_steps(tr, args.steps)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     rates = matmul_rates(cfg.training.batch_size, cfg.micro_batch_size * 160)
     rec = {"preset": "smollm-word", "overrides": args.set, "torch_threads": torch.get_num_threads(),
-           "steps": rows, "matmul": rates, **bounds(tr, cfg, rows, rates),
+           "steps": rows, "peak_rss_gib": round(peak_rss, 2), "micro_batch_size": cfg.micro_batch_size, "matmul": rates, **bounds(tr, cfg, rows, rates),
            "sampling_profile": profile_sampling(tr, cfg.training.batch_size),
            "log_probs_keep_logits": {"smollm": keep_logits_ratio(tr.models), "tiny": keep_logits_ratio(tiny_models())},
            "full_finetuning": full_finetuning(args.set, args.full_ft_steps) if args.full_ft_steps else None,
