@@ -33,6 +33,8 @@ CLI = [sys.executable, "-m", "server.cli"]
 SHOWN = ("eval   step", "value-pretrain", "train  step", "succeeded:", "failed:", "  eval/", "prompts:", "LoRA:")
 BUCKETS = ("speed", "price", "rate", "percent", "two_step")
 PROMPT = "A train covers 240 km in 3 hours. What is its average speed in km/h?"
+SMOKE_TOKENS = 128
+"""max_tokens of each smoke call (smoke's default is 256; the base model rambles on to the limit)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -89,7 +91,8 @@ def smoke_rate(target: str, samples: int, tmp: Path) -> dict:
             time.sleep(1)
         answers = []
         for _ in range(samples):
-            out = subprocess.run([*CLI, "smoke", "--settings", str(settings), "--config", str(config), "--json"],
+            out = subprocess.run([*CLI, "smoke", "--settings", str(settings), "--config", str(config), "--json",
+                                  "--max-tokens", str(SMOKE_TOKENS)],
                                  cwd=REPO, env=env, capture_output=True, text=True, check=False)
             res = json.loads(out.stdout)
             answers.append({"passed": res["passed"], "reason": res["reason"][:160],
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
            "wall_s_total": round(time.perf_counter() - t_start, 1),
            "run_summary": {k: v for k, v in rd.summary().items() if k in ("status", "steps", "seconds")},
            "printed": [ln for ln in lines if ln.startswith(SHOWN)], **summary(rd.metrics()),
-           "smoke": {"prompt": PROMPT, "expect": "80", "base": base, "trained": trained},
+           "smoke": {"prompt": PROMPT, "expect": "80", "max_tokens": SMOKE_TOKENS, "base": base, "trained": trained},
            "config": {k: config[k] for k in ("model", "lora", "critic", "vapo", "training", "eval") if k in config},
            "load_avg_start": start, "load_avg_after_training": end_train, "load_avg_end": load_avg()}
     path = write_record("smollm_word_run", rec, REPO / args.out if args.out else None)

@@ -80,8 +80,8 @@ def run(rec: dict) -> str:
             f"{rec['seed']}: held-out sampled accuracy {f(rec['start_sampled'])} → {f(rec['final_sampled'])} "
             f"({rec['gain_sampled_points']:+.1f} points), greedy {f(rec['start_greedy'])} → {f(rec['final_greedy'])} "
             f"({rec['gain_greedy_points']:+.1f} points), in {rec['wall_s']:.0f} s. The seed's smoke question "
-            f"(\"{sm['prompt']}\", `vapo-mcp smoke` against `vapo-mcp serve-model`, {sm['base']['samples']} times "
-            f"each): the base model answered correctly {sm['base']['passed']} of {sm['base']['samples']} times "
+            f"(\"{sm['prompt']}\", `vapo-mcp smoke --max-tokens {sm['max_tokens']}` against `vapo-mcp serve-model`, "
+            f"{sm['base']['samples']} times each): the base model answered correctly {sm['base']['passed']} of {sm['base']['samples']} times "
             f"({f(sm['base']['rate'], 2)}), the trained checkpoint {sm['trained']['passed']} of "
             f"{sm['trained']['samples']} ({f(sm['trained']['rate'], 2)}). {SCALE}")
     return section(lines, rec, note)
