@@ -180,8 +180,10 @@ async def evaluate(f: Files, *, backend: Literal["local", "channel"] = "local", 
 
     def prepare() -> tuple[EvalPlan, object, ModelSource | None]:  # disk work (checkpoint hashes): off the loop
         run_dir = _run_dir(f, run_id) if run_id else None
-        where = model_dir if packaged_name(model_dir) else run_dir or access.confine(model_dir, f)
-        source = resolve_source(where, step=step) if backend == "local" else None
+        source = None
+        if backend == "local":  # a packaged model's name (builtin:…) is no path to confine
+            where = model_dir if packaged_name(model_dir) else run_dir or access.confine(model_dir, f)
+            source = resolve_source(where, step=step)
         plan, task = make_plan(f, run_dir=run_dir, step=source.step if source else step, benchmark=benchmark,
                                num_problems=num_problems, samples=samples_per_problem, max_tokens=max_tokens,
                                preset=preset, caps=caps)
