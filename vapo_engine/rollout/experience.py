@@ -199,8 +199,13 @@ def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):
 def keep_logits(model, n: int) -> dict:
     """`{"logits_to_keep": n}` when `model`'s forward takes it (transformers' causal LMs: the LM head then runs on
     the last `n` positions only), else {} (all positions; the caller slices)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper passes it on
-    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    base = getattr(model, "policy", model)  # lora.FrozenBase: the policy with its adapters off
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # a peft wrapper passes it on
+    try:
+        takes = "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        takes = False
+    return {"logits_to_keep": n} if takes else {}
 
 
 def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
