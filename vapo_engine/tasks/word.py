@@ -51,33 +51,33 @@ _TWO_STEP = ("A bus drives at {r} km/h for {h} hours and then {e} km more. How m
 
 
 def _speed(rng: random.Random) -> tuple[str, str, int]:
-    i, t, v = rng.randrange(len(_SPEED)), rng.randint(2, 8), rng.randrange(10, 125, 5)
+    i, t, v = rng.randrange(len(_SPEED)), rng.randint(2, 5), rng.randrange(10, 100, 10)
     return f"speed:{i}:{v * t}:{t}", _SPEED[i].format(d=v * t, t=t), v
 
 
 def _price(rng: random.Random) -> tuple[str, str, int]:
-    i, n, each = rng.randrange(len(_PRICE)), rng.randint(2, 12), rng.randint(2, 30)
+    i, n, each = rng.randrange(len(_PRICE)), rng.randint(2, 6), rng.randint(2, 12)
     return f"price:{i}:{n}:{n * each}", _PRICE[i].format(n=n, c=n * each), each
 
 
 def _rate(rng: random.Random) -> tuple[str, str, int]:
-    i, r, h = rng.randrange(len(_RATE)), rng.randint(3, 60), rng.randint(2, 9)
+    i, r, h = rng.randrange(len(_RATE)), rng.randint(2, 12), rng.randint(2, 6)
     return f"rate:{i}:{r}:{h}", _RATE[i].format(r=r, h=h), r * h
 
 
 def _percent(rng: random.Random) -> tuple[str, str, int]:
-    i, p = rng.randrange(len(_PERCENT)), rng.choice((10, 20, 25, 50, 75))
-    x = rng.randint(1, 20) * (100 // {10: 10, 20: 20, 25: 25, 50: 50, 75: 25}[p])
+    i, p = rng.randrange(len(_PERCENT)), rng.choice((10, 25, 50))
+    x = rng.randint(1, 10) * {10: 20, 25: 8, 50: 10}[p]  # 10 % of 20..200, 25 % of 8..80, 50 % of 10..100
     return f"percent:{i}:{p}:{x}", _PERCENT[i].format(p=p, x=x), p * x // 100
 
 
 def _two_step(rng: random.Random) -> tuple[str, str, int]:
-    i, r, h = rng.randrange(len(_TWO_STEP)), rng.randint(2, 60), rng.randint(2, 6)
+    i, h = rng.randrange(len(_TWO_STEP)), rng.randint(2, 4)
     if i == 0:
-        e = rng.randint(5, 90)
+        r, e = rng.randrange(10, 70, 10), rng.randrange(5, 55, 5)
         return f"two:{i}:{r}:{h}:{e}", _TWO_STEP[i].format(r=r, h=h, e=e), r * h + e
-    r = r % 15 + 2
-    e = (r * h // 10 + 1 + rng.randint(0, 4)) * 10  # a round note that covers the pens
+    r = rng.randint(2, 9)
+    e = (r * h // 10 + 1 + rng.randint(0, 2)) * 10  # a round note that covers the pens
     return f"two:{i}:{r}:{h}:{e}", _TWO_STEP[i].format(r=r, h=h, e=e), e - r * h
 
 
@@ -127,7 +127,8 @@ class WordTask:
 
     name = "builtin:word"
     max_new_tokens = 128
-    system_prompt = "Solve the problem briefly. End with: The answer is N."
+    system_prompt = ("Solve the problem briefly. Example: A car drives 100 km in 2 hours. What is its speed in km/h? "
+                     "100 / 2 = 50. The answer is 50.")
 
     def __init__(self, kinds: tuple[str, ...] = KINDS):
         unknown = [k for k in kinds if k not in _MAKERS]
