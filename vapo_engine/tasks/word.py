@@ -145,7 +145,9 @@ class WordTask:
         return sample_split(self._make, n, rng, heldout=False, salt="builtin:word", fraction=_HELDOUT_FRACTION)
 
     def heldout(self, n: int) -> list[Problem]:
-        """`n` distinct held-out problems, the kinds in turn (every bucket measured alike)."""
+        """Up to `n` distinct held-out problems, the kinds in turn (every bucket measured alike). The numbers are
+        small (what a 135M model can compute), so each kind has a few dozen held-out problems: a larger `n` gets
+        every one there is (84 in all)."""
         rng, out, seen = random.Random(_HELDOUT_SEED), [], set()
         for i in range(n):
             kind = self.kinds[i % len(self.kinds)]
