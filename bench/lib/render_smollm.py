@@ -21,7 +21,7 @@ def baseline(rec: dict) -> str:
              f"{_bucket_cells(rec['buckets'], 'sampled')} |")]
     wrong = next((e for e in rec["examples"] if not e["correct"]), None)
     ex = (f" A greedy answer it gets wrong ({wrong['bucket']}, gold {wrong['answer']}): \"{wrong['prompt']}\" → "
-          f"\"{wrong['response'][-160:].strip()}\"" if wrong else "")
+          f"\"{' '.join(wrong['response'][-160:].split())}\"" if wrong else "")
     note = (f"`{rec['model']}` through its chat template, preset `{rec['preset']}`: {rec['problems']} held-out "
             f"problems of `{rec['benchmark']}` (the kinds in turn), greedy and {rec['samples_per_problem']} samples "
             f"each at temperature {rec['temperature']:g}, at most {rec['max_tokens']} new tokens; mean greedy answer "
