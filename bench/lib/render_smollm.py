@@ -40,7 +40,7 @@ def speed(rec: dict) -> str:
     k = rec["log_probs_keep_logits"]
     note = (f"Preset `{rec['preset']}` ({w['rows']} responses per rollout step, prompts {w['prompt_width']:.0f} "
             f"tokens wide, responses {w['response_width']:.0f}), {rec['torch_threads']} torch threads, "
-            f"{len(rec['steps'])} measured steps after one warm-up: {rec['step_s']:.1f} s per rollout step, peak resident "
+            f"{len(rec['steps'])} measured step(s) after one warm-up: {rec['step_s']:.1f} s per rollout step, peak resident "
             f"memory {rec['peak_rss_gib']:.1f} GiB of the machine's 24 (so micro-batches of "
             f"{rec['micro_batch_size']} rows leave room; the logits of a micro-batch are rows × response × 49,152 "
             f"floats); sampling "
