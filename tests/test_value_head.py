@@ -112,7 +112,8 @@ def test_a_run_with_the_surprise_head_trains_resumes_and_exports(tmp_path, chain
     train(cut, resume=True, log=lambda m: None)
     again = load_file(cut / "checkpoints/step-0000004/value/model.safetensors")
     assert all(torch.equal(head[k], again[k]) for k in head)
-    from vapo_engine.trainer.setup import build_trainer  # a saved critic starts another run (model.value_path)
+    # a saved critic starts another run (model.value_path)
+    from vapo_engine.trainer.setup import build_trainer
     value = str(full / "checkpoints/step-0000004/value")
     reuse = make_run(tmp_path, chain_model_dir, [*over, f'model.value_path="{value}"'], name="reuse")
     tr = build_trainer(reuse, write=False, log=lambda m: None)
