@@ -71,20 +71,20 @@ PLAN = (
     "responses=1024,epochs=4,head=surprise",
     "responses=2048,epochs=3,head=surprise",
     # (b) optimisation: learning rate, batch, Adam, loss scale
-    "epochs=2,lr=1e-4",
-    "epochs=2,lr=3e-3",
-    "epochs=2,batch=8",
-    "epochs=2,betas=0.9/0.95,eps=1e-5",
-    "epochs=2,reduction=seq_mean_token_mean",
+    "epochs=1,lr=1e-4",
+    "epochs=1,lr=3e-3",
+    "epochs=1,batch=8",
+    "epochs=1,betas=0.9/0.95,eps=1e-5",
+    "epochs=1,reduction=seq_mean_token_mean",
     # (c) initialisation, head, which layers train
-    "epochs=2,init=fresh",
+    "epochs=1,init=fresh",
     "epochs=2,init=teacher",
     "epochs=2,head=mlp",
-    "epochs=2,train=head,lr=1e-2",
-    "epochs=2,train=top",
+    "epochs=1,train=head,lr=1e-2",
+    "epochs=1,train=top",
     # (e) targets: bootstrapped GAE(0.95) instead of λ = 1, reward scale
-    "epochs=2,target=gae",
-    "epochs=2,scale=4",
+    "epochs=1,target=gae",
+    "epochs=1,scale=4",
 )
 """The arms of the record (Arm fields as key=value; `default` alone = the engine's recipe for 20 passes)."""
 
