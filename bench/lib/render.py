@@ -75,18 +75,20 @@ def ablation_paired(rec: dict) -> str:
     key = c["metric"]
     head = (f"| row | area under the {key} curve (mean ± sd over seeds) | Δ area vs VAPO [Holm interval] | "
             f"p (Holm-adjusted) | resolved | rollouts to {key} ≥ {c['threshold']:g}, per seed | final {key}, mean | "
-            "critic EV, pooled over steps | value-pretraining rollouts, per seed |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+            "critic EV, pooled over steps | critic EV within prompt, mean over steps | value-pretraining rollouts, "
+            "per seed |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rec["table"]:
         v, t = row["variant"], row.get("vs_base")
         mine = [r for r in runs if r["variant"] == v]
         ev = [r.get("pooled_explained_var") for r in mine]
+        within = [r.get("mean_explained_var_within_prompt") for r in mine]
         pre = {str(r["seed"]): r["pretrain_rollouts"] for r in mine}
         lines.append(
             f"| {_label(v)} | {f(row['area_mean'])} ± {f(row['area_sd'])} | {'' if t is None else _interval(t)} | "
             f"{'' if t is None else f(t.get('p_holm'), 3)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} | "
             f"{_per_seed(row['reach'], 1)} | {f(_mean(list(row['final'].values())))} | "
-            f"{mstd(ev)} | {_per_seed(pre)} |")
+            f"{mstd(ev)} | {mstd(within)} | {_per_seed(pre)} |")
     starts = [r["curve"][0][key] for r in runs if r["curve"] and r["curve"][0]["step"] == 0]
     extra = ", ".join(f"`{o}`" for o in c["extra_overrides"]) or "none"
     n_seeds, n_cmp = len(c["seeds"]), sum(1 for r in rec["table"] if r.get("vs_base"))
@@ -101,11 +103,25 @@ def ablation_paired(rec: dict) -> str:
                    "is λ^(T−t)·R before whitening — the return, damped by λ for every token to the end (a decision "
                    "60 tokens before the end gets λ^60 of the last token's weight), with no per-state baseline; "
                    "whitening only subtracts one batch-wide mean — until the critic learns."),
-              "", _resolution(rec["table"], n_seeds)]
+              *_offline_note(rec), "", _resolution(rec["table"], n_seeds)]
     lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
                    f"run and shared critic, each in its own process, {c['jobs']} at a time on this machine; the "
                    "wall time below is the last invocation's, which may have taken finished runs from the cache).")]
     return section(lines, rec)
+
+
+def _offline_note(rec: dict) -> list[str]:
+    """The offline critic's cost and quality, where the design has that row (its rollouts are not in the budget)."""
+    c = rec.get("critics", {}).get("vapo_offline_critic")
+    if not c:
+        return []
+    within = [x for x in c.get("heldout_explained_var_within_prompt") or [] if x is not None]
+    return ["", (f"The offline critic of `vapo_offline_critic` was pretrained once, from seed {c['seed']} (a prompt "
+                 f"stream no row draws), for {c['rollouts']} rollouts ({c['responses']} responses, "
+                 f"{c['wall_s'] / 60:.0f} min here) and reused by every seed; those rollouts are not in the row's "
+                 "budget. Its held-out EV in its last round: "
+                 f"{f((c.get('heldout_explained_var') or [None])[-1])} overall"
+                 + (f", {f(within[-1])} within prompt" if within else "") + ".")]
 
 
 def _mean(xs: list) -> float | None:

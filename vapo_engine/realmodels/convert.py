@@ -133,7 +133,7 @@ def _sweep_dead_temps(root: Path) -> None:
 def _write_folder(path: Path, out: Path, info: GgufInfo, sha: str, package: str | None) -> None:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -156,8 +156,9 @@ def _write_folder(path: Path, out: Path, info: GgufInfo, sha: str, package: str 
     if config.tie_word_embeddings:
         plain.tie_weights()
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
-    plain.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
-                                               pad_token_id=tokenizer.pad_token_id or eos)
+    defaults = plain.generation_config  # built from the config by transformers; only its token ids are set here
+    defaults.bos_token_id, defaults.eos_token_id = tokenizer.bos_token_id, eos
+    defaults.pad_token_id = tokenizer.pad_token_id or eos
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
     import gguf
