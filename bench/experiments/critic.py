@@ -194,6 +194,7 @@ def main() -> None:
     ap.add_argument("--continuations", type=int, default=8, help="Monte-Carlo continuations per state")
     ap.add_argument("--smoke", action="store_true", help="seconds: 2 rounds, one setting, small batches (tests)")
     ap.add_argument("--out", help="folder for the JSON record and plot (default bench/results)")
+    ap.add_argument("--name", default="critic", help="record name (bench/results/NAME.json)")
     a = ap.parse_args()
     lrs = [float(x) for x in a.lrs.split(",")] if not a.smoke else [1e-3]
     warmups = [int(x) for x in a.warmups.split(",")] if not a.smoke else [0]
@@ -228,7 +229,7 @@ def main() -> None:
               "best": {"lr": best["lr"], "warmup": best["warmup"], "epochs": best["epochs"], "last3": best["last3"]},
               "ceiling": top, "wall_s_total": round(time.perf_counter() - t0, 1),
               "load_avg_start": load0, "load_avg_end": load_avg()}
-    path = write_record("critic", record, Path(a.out) if a.out else None)
+    path = write_record(a.name, record, Path(a.out) if a.out else None)
     _plot(runs, top, path.with_suffix(".png"))
     print(f"record: {path}")
 
