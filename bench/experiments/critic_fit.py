@@ -64,27 +64,28 @@ class Arm:
 PLAN = (
     # (a) capacity and data: can the critic learn the value at all, with which head, from how many rollouts
     "epochs=3",
-    "epochs=3,target=onpath",
     "epochs=3,head=surprise",
-    "responses=256,epochs=12,head=surprise",
-    "responses=512,epochs=8,head=surprise",
-    "responses=1024,epochs=4,head=surprise",
-    "responses=2048,epochs=3,head=surprise",
+    "epochs=1,target=onpath",
+    "responses=512,epochs=6,head=surprise",
+    "responses=1024,epochs=3,head=surprise",
+    "responses=2048,epochs=2,head=surprise",
+    # (b)-(e): one pass over 2048 responses each (the recipe's own arm first), sized to this 2-core machine
+    "responses=2048,epochs=1",
     # (b) optimisation: learning rate, batch, Adam, loss scale
-    "epochs=1,lr=1e-4",
-    "epochs=1,lr=3e-3",
-    "epochs=1,batch=8",
-    "epochs=1,betas=0.9/0.95,eps=1e-5",
-    "epochs=1,reduction=seq_mean_token_mean",
+    "responses=2048,epochs=1,lr=1e-4",
+    "responses=2048,epochs=1,lr=3e-3",
+    "responses=2048,epochs=1,batch=8",
+    "responses=2048,epochs=1,betas=0.9/0.95,eps=1e-5",
+    "responses=2048,epochs=1,reduction=seq_mean_token_mean",
     # (c) initialisation, head, which layers train
-    "epochs=1,init=fresh",
-    "epochs=2,init=teacher",
-    "epochs=2,head=mlp",
-    "epochs=1,train=head,lr=1e-2",
-    "epochs=1,train=top",
+    "responses=2048,epochs=1,init=fresh",
+    "responses=2048,epochs=1,init=teacher",
+    "responses=2048,epochs=1,head=mlp",
+    "responses=2048,epochs=1,train=head,lr=1e-2",
+    "responses=2048,epochs=1,train=top",
     # (e) targets: bootstrapped GAE(0.95) instead of λ = 1, reward scale
-    "epochs=1,target=gae",
-    "epochs=1,scale=4",
+    "responses=2048,epochs=1,target=gae",
+    "responses=2048,epochs=1,scale=4",
 )
 """The arms of the record (Arm fields as key=value; `default` alone = the engine's recipe for 20 passes)."""
 
