@@ -17,9 +17,8 @@ from typing import Annotated, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from tools import access, training
 from tools import channel as channel_tools
@@ -33,6 +32,8 @@ from vapo_engine.metrics import CATALOGUE
 from vapo_engine.variants import VARIANTS
 
 from . import arguments as arguments_text
+from . import scrubbing, sdk
+from .base import VapoMCPServer
 from .errors import agent_errors
 from .prompts import register_prompts
 from .resources import RunWatch, register_resources
@@ -78,37 +79,6 @@ async def lifespan(server: MCPServer):
     yield {}
 
 
-class VapoMCPServer(MCPServer):
-    """The SDK's server, with argument errors an agent can act on: an unknown tool, an argument the tool does
-    not take, or one that fails validation gets a message naming the argument, what is allowed and what to do
-    (server.arguments) instead of pydantic's text or a silent drop. Every call runs under `policy`, the
-    security model of this server's clients (tools.access)."""
-
-    def __init__(self, *args, policy: access.Policy, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.policy = policy
-
-    async def call_tool(self, name: str, arguments: dict, context: Context | None = None):
-        with access.applied(self.policy):
-            return await self._checked_call(name, arguments, context)
-
-    async def _checked_call(self, name: str, arguments: dict, context: Context | None):
-        schemas = {t.name: t.input_schema for t in await self.list_tools()}
-        if name not in schemas:
-            raise ToolError(arguments_text.unknown_tool(name, sorted(schemas)))
-        if (extra := arguments_text.unexpected_arguments(name, arguments, schemas[name])) is not None:
-            raise ToolError(extra)
-        try:
-            return await super().call_tool(name, arguments, context)
-        except UnexpectedToolError:
-            raise
-        except ToolError as e:
-            if isinstance(e.__cause__, ValidationError):
-                raise ToolError(arguments_text.describe_validation(name, e.__cause__, schemas[name])) \
-                    from e.__cause__
-            raise
-
-
 def build_server(policy: access.Policy | None = None) -> MCPServer:
     """The server with every tool, the run resources, the prompts and tasks (server.tasks); `policy` says who its clients are (default:
     a local stdio agent)."""
@@ -123,6 +93,9 @@ def build_server(policy: access.Policy | None = None) -> MCPServer:
     register_resources(mcp, watch)
     register_prompts(mcp)
     tasks.attach(mcp)
+    sdk.check(mcp)
+    mcp.middleware.insert(0, scrubbing.middleware)  # outermost: what any handler answers is scrubbed
+    scrubbing.install_log_scrubbing()
 
     @mcp.custom_route("/health", methods=["GET"])
     async def health(request):

@@ -29,7 +29,16 @@ RunId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9]
 
 
 def unknown_tool(name: str, names: list[str]) -> str:
-    return f"unknown tool {_show(name)}: call one of {', '.join(names)} (list_tools describes each)"
+    return f"unknown tool {show(name)}: call one of {', '.join(names)} (list_tools describes each)"
+
+
+def unknown_prompt(name: str, names: list[str]) -> str:
+    return f"unknown prompt {show(name)}: ask for one of {', '.join(names)} (prompts/list describes each)"
+
+
+def missing_prompt_argument(prompt: str, arg: str, description: str | None) -> str:
+    desc = f" ({description})" if description else ""
+    return f"argument {arg!r} is required{desc}: call prompts/get {prompt} again with {arg} set"
 
 
 def unexpected_arguments(tool: str, given: dict, schema: dict) -> str | None:
@@ -39,7 +48,7 @@ def unexpected_arguments(tool: str, given: dict, schema: dict) -> str | None:
     if not extra:
         return None
     takes = ", ".join(props) or "no arguments"
-    return (f"unexpected argument(s) {', '.join(map(_show, extra))} for {tool}: it takes only {takes}; "
+    return (f"unexpected argument(s) {', '.join(map(show, extra))} for {tool}: it takes only {takes}; "
             "call again without them")
 
 
@@ -73,7 +82,7 @@ def _one(tool: str, arg: str, errs: list[dict], prop: dict) -> str:
     if kind in RANGE:
         lo, hi = _bounds(sub)
         big = kind.startswith("less")
-        return (f"{what} = {_show(value)} is out of range: allowed {_range(lo, hi)}; call again with a "
+        return (f"{what} = {show(value)} is out of range: allowed {_range(lo, hi)}; call again with a "
                 f"{'smaller' if big else 'larger'} {name}")
     if kind in TOO_LONG:
         return _too_long(what, arg, kind, ctx, value)
@@ -82,14 +91,14 @@ def _one(tool: str, arg: str, errs: list[dict], prop: dict) -> str:
         return f"{what} is empty: it needs at least {ctx.get('min_length', 1)} {unit}(s); pass a non-empty {arg}"
     if kind in CHOICE:
         allowed = ", ".join(map(str, _enum(sub))) or ctx.get("expected", "")
-        return f"{what} = {_show(value)} is not an allowed value: allowed {allowed}; call again with one of them"
+        return f"{what} = {show(value)} is not an allowed value: allowed {allowed}; call again with one of them"
     if kind == "string_pattern_mismatch":
-        return (f"{what} = {_show(value)} has the wrong form: allowed values match {ctx.get('pattern')}{desc}; "
+        return (f"{what} = {show(value)} has the wrong form: allowed values match {ctx.get('pattern')}{desc}; "
                 "call again with a value of that form")
     if kind.endswith(("_type", "_parsing", "_from_float")) or kind in ("union_tag_invalid", "model_type"):
         expected = _expected(sub)
-        return f"{what} = {_show(value)} has the wrong type: expected {expected}; call again with {expected}"
-    return (f"{what} = {_show(value)} is invalid ({err.get('msg', kind)}); allowed: {_expected(sub)}; call again "
+        return f"{what} = {show(value)} has the wrong type: expected {expected}; call again with {expected}"
+    return (f"{what} = {show(value)} is invalid ({err.get('msg', kind)}); allowed: {_expected(sub)}; call again "
             "with a valid value")
 
 
@@ -182,7 +191,7 @@ def _expected(schema: dict) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """A short, scrubbed rendering of a caller's value (long ones are described, not echoed)."""
     if value is None or isinstance(value, (bool, int, float)):
         return json.dumps(value)
