@@ -26,6 +26,7 @@ from tools import diagnose as diagnose_tools
 from tools import doctor as doctor_tools
 from tools import evaluate as evaluate_tools
 from tools import report as report_tools
+from tools.eval_gate import EvalGate
 from tools.paths import files, manager_for
 from vapo_engine.datafiles import read_bytes
 from vapo_engine.metrics import CATALOGUE
@@ -79,17 +80,18 @@ async def lifespan(server: MCPServer):
     yield {}
 
 
-def build_server(policy: access.Policy | None = None) -> MCPServer:
-    """The server with every tool, the run resources, the prompts and tasks (server.tasks); `policy` says who its clients are (default:
-    a local stdio agent)."""
-    watch, tasks = RunWatch(), RunTasks()
+def build_server(policy: access.Policy | None = None, *, gate: EvalGate | None = None) -> MCPServer:
+    """The server with every tool, the run resources, the prompts and tasks (server.tasks); `policy` says who its
+    clients are (default: a local stdio agent); `gate` bounds its evaluations (default: tools.eval_gate's)."""
+    gate = gate or EvalGate()
+    watch, tasks = RunWatch(), RunTasks(gate)
     mcp = VapoMCPServer("vapo-mcp", instructions=INSTRUCTIONS, lifespan=lifespan,
                         policy=policy or access.Policy("stdio"), subscriptions=watch.bus, extensions=[tasks])
     _channel_tools(mcp)
     _training_tools(mcp)
     _doctor_tool(mcp)
     _run_tools(mcp)
-    _evaluate_tool(mcp)
+    _evaluate_tool(mcp, gate)
     register_resources(mcp, watch)
     register_prompts(mcp)
     tasks.attach(mcp)
@@ -298,7 +300,7 @@ def _run_tools(mcp: MCPServer) -> None:
 EVALUATES = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True)
 
 
-def _evaluate_tool(mcp: MCPServer) -> None:
+def _evaluate_tool(mcp: MCPServer, gate: EvalGate) -> None:
     @mcp.tool(annotations=EVALUATES)
     @agent_errors
     async def evaluate(
@@ -329,9 +331,12 @@ def _evaluate_tool(mcp: MCPServer) -> None:
         or a run's checkpoint locally. Reports latency p50/p95, tokens, failures and which model answered. Use
         it to get a provider baseline for a benchmark, to compare a trained checkpoint with it, or to check a
         served checkpoint end to end. Runs to completion within the call (bounded by num_problems, samples
-        and timeout_seconds) and reports progress; start small (num_problems 20-50)."""
+        and timeout_seconds) and reports progress; start small (num_problems 20-50). The server runs 2
+        evaluations at once and lets 8 more wait (another is refused: call again later), and its channel
+        requests count against the server's hourly budget (a call that would exceed it is refused)."""
         f = files()
         return await evaluate_tools.evaluate(
             f, backend=backend, run_id=run_id, step=step, model=model, benchmark=benchmark,
             num_problems=num_problems, samples_per_problem=samples_per_problem, max_tokens=max_tokens,
-            timeout_s=timeout_seconds, caps=(1000, 16), on_progress=lambda p, m: ctx.report_progress(p, 1.0, m))
+            timeout_s=timeout_seconds, caps=(1000, 16), on_progress=lambda p, m: ctx.report_progress(p, 1.0, m),
+            gate=gate)

@@ -43,16 +43,18 @@ from mcp_types import (
     TasksToolsCapability,
     ToolExecution,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from tools import access
 from tools import run_tasks as runs
+from tools.eval_gate import EvalGate
 from tools.paths import files, known_secrets
 from vapo_engine.errors import is_user_error
 from vapo_engine.providers.redaction import public_message
 
 from . import arguments as arguments_text
+from . import sdk
 from .local_tasks import LOCAL_PREFIX, LocalTasks
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -92,9 +94,10 @@ class RunTasks(Extension):
 
     identifier = EXTENSION
 
-    def __init__(self):
+    def __init__(self, gate: EvalGate | None = None):
         self.policy: access.Policy | None = None
-        self.local = LocalTasks()
+        self.gate = gate or EvalGate()
+        self.local = LocalTasks(limit=self.gate.capacity)
 
     # -- the task store: runs (tools.run_tasks) and this process's evaluate tasks ------------------------------
     async def _tools(self, fn, *args):
@@ -135,6 +138,9 @@ class RunTasks(Extension):
         A run tool is called now (it returns at once); its run/ablation id is the task. evaluate runs in the
         background. (None, the tool's result) when the call was refused before any task existed."""
         if name == "evaluate":
+            if not self.local.has_room():  # refused before a task exists, like a call refused before its run
+                return None, _wire(CallToolResult(content=[{"type": "text", "text": self.gate.busy_message()}],
+                                                  is_error=True))
             return self.local.spawn(lambda: _finish(call)), {}
         result = _wire(await call())
         if result.get("isError") or not isinstance(sc := result.get("structuredContent"), dict):
@@ -178,11 +184,14 @@ class RunTasks(Extension):
         return out
 
     async def result(self, ctx, params: GetTaskPayloadRequestParams) -> dict:
-        """The finished task's CallToolResult (waits while it works, polling every POLL_MS)."""
+        """The finished task's CallToolResult (waits while it works, polling every POLL_MS; an HTTP client that goes
+        away ends the wait)."""
         self._check(ctx)
         view = await self.view("tasks/result", params.task_id)
         while not view.terminal:
             await anyio.sleep(POLL_MS / 1000)
+            if await _client_gone(ctx):
+                raise MCPError(INTERNAL_ERROR, "the client went away while waiting for the task")
             view = await self.view("tasks/result", params.task_id)
         result, error = await self.outcome(view)
         if error and view.task_id.startswith(LOCAL_PREFIX):
@@ -202,32 +211,41 @@ class RunTasks(Extension):
         return {"tasks": [_legacy(v) for v in views]}
 
     def methods(self):
+        legacy = frozenset(HANDSHAKE_PROTOCOL_VERSIONS)  # the extension has no tasks/result nor tasks/list
         return (MethodBinding("tasks/get", GetTaskRequestParams, self.get),
                 MethodBinding("tasks/cancel", CancelTaskRequestParams, self.cancel),
-                MethodBinding("tasks/result", GetTaskPayloadRequestParams, self.result),
-                MethodBinding("tasks/list", PaginatedRequestParams, self.list))
+                MethodBinding("tasks/result", GetTaskPayloadRequestParams, self.result, protocol_versions=legacy),
+                MethodBinding("tasks/list", PaginatedRequestParams, self.list, protocol_versions=legacy))
 
     # -- the 2025-11-25 form's declarations --------------------------------------------------------------------
     def attach(self, mcp) -> None:
         """Serve the 2025-11-25 form on `mcp` (built with `extensions=[self]`) and run under its policy."""
         self.policy = mcp.policy
-        server = mcp._lowlevel_server  # the SDK's MCPServer has no 2025-11-25 tasks of its own
-        server.middleware.append(self.legacy_middleware)
-        list_tools = server.get_request_handler("tools/list")
+        mcp.middleware.append(self.legacy_middleware)  # the SDK's MCPServer has no 2025-11-25 tasks of its own
 
-        async def listed(ctx, params):
-            res = await list_tools.handler(ctx, params)
-            optional = ToolExecution(task_support="optional")
-            return res.model_copy(update={"tools": [t.model_copy(update={"execution": optional})
-                                                    if t.name in TASK_TOOLS else t for t in res.tools]})
-        server.add_request_handler("tools/list", list_tools.params_type, listed)
-        capabilities = server.get_capabilities
+        def flagged(list_tools):
+            async def listed(ctx, params):
+                res = await list_tools(ctx, params)
+                optional = ToolExecution(task_support="optional")
+                return res.model_copy(update={"tools": [t.model_copy(update={"execution": optional})
+                                                        if t.name in TASK_TOOLS else t for t in res.tools]})
+            return listed
+        sdk.wrap_request_handler(mcp, "tools/list", flagged)
+        sdk.extend_capabilities(mcp, tasks=ServerTasksCapability(
+            list=TasksListCapability(), cancel=TasksCancelCapability(),
+            requests=ServerTasksRequestsCapability(tools=TasksToolsCapability(call=TasksCallCapability()))))
 
-        def with_tasks(*args, **kwargs):
-            return capabilities(*args, **kwargs).model_copy(update={"tasks": ServerTasksCapability(
-                list=TasksListCapability(), cancel=TasksCancelCapability(),
-                requests=ServerTasksRequestsCapability(tools=TasksToolsCapability(call=TasksCallCapability())))})
-        server.get_capabilities = with_tasks
+
+async def _client_gone(ctx) -> bool:
+    """Whether the HTTP client of this request has disconnected (never, for a transport without a request)."""
+    request = getattr(ctx, "request", None)
+    is_disconnected = getattr(request, "is_disconnected", None)
+    if is_disconnected is None:
+        return False
+    try:
+        return await is_disconnected()
+    except Exception:  # noqa: BLE001 - a request that cannot say is treated as still there
+        return False
 
 
 async def _finish(call) -> dict:

@@ -74,35 +74,39 @@ def _messages(task, problem) -> list[dict]:
 async def run_channel(channel: Channel, task, problems: list, *, model: str, fallback: str | None,
                       max_tokens: int, temperature: float, top_p: float, samples: int, concurrency: int = 8,
                       deadline_s: float = 3600.0, client: ProviderClient | None = None,
-                      on_progress: Callable[[int, int], Awaitable[None]] | None = None) -> ChannelRun:
-    """Greedy + sampled calls for `problems`; never raises for channel failures (they are in the result)."""
+                      on_progress: Callable[[int, int], Awaitable[None]] | None = None,
+                      on_request: Callable[[], None] | None = None) -> ChannelRun:
+    """Greedy + sampled calls for `problems`; never raises for channel failures (they are in the result).
+    `concurrency` workers take the calls in order, so memory does not grow with their number; `on_request` is
+    called as each request is sent (the server's request budget, tools.eval_gate)."""
     jobs = [(p, 0.0, None) for p in problems]
     if samples > 0 and temperature > 0:
         jobs += [(p, temperature, top_p) for p in problems for _ in range(samples)]
     results: list[Call | None] = [None] * len(jobs)
-    limiter = anyio.CapacityLimiter(max(1, concurrency))
-    state = {"done": 0, "stop": None}
+    state = {"done": 0, "stop": None, "next": 0}
     own = client is None
     client = client or ProviderClient.from_channel(channel, max_concurrency=max(1, concurrency))
     t0 = time.perf_counter()
 
-    async def one(i: int, problem, temp: float, tp: float | None, scope: anyio.CancelScope) -> None:
-        async with limiter:
-            if state["stop"]:
-                return
+    async def worker(scope: anyio.CancelScope) -> None:
+        while state["stop"] is None and (i := state["next"]) < len(jobs):
+            state["next"] += 1
+            problem, temp, tp = jobs[i]
+            if on_request:
+                on_request()
             results[i] = await _call(client, task, problem, model, fallback, max_tokens, temp, tp)
-        if results[i].error_kind and state["stop"] is None and results[i].error_kind.startswith("fatal:"):
-            state["stop"] = results[i].error
-            scope.cancel()
-        state["done"] += 1
-        if on_progress:
-            await on_progress(state["done"], len(jobs))
+            if results[i].error_kind and state["stop"] is None and results[i].error_kind.startswith("fatal:"):
+                state["stop"] = results[i].error
+                scope.cancel()
+            state["done"] += 1
+            if on_progress:
+                await on_progress(state["done"], len(jobs))
 
     try:
         with anyio.move_on_after(deadline_s) as deadline:
             async with anyio.create_task_group() as tg:
-                for i, (problem, temp, tp) in enumerate(jobs):
-                    tg.start_soon(one, i, problem, temp, tp, tg.cancel_scope)
+                for _ in range(min(max(1, concurrency), len(jobs))):
+                    tg.start_soon(worker, tg.cancel_scope)
     finally:
         if own:
             await client.aclose()

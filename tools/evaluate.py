@@ -23,6 +23,7 @@ import json
 import re
 import sys
 from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,6 +45,7 @@ from vapo_engine.tasks import TaskError, get_task
 from . import access
 from .channel_support import Progress, load_channel, report_progress, scrubbed
 from .eval_channel import ChannelRun, run_channel
+from .eval_gate import EvalGate, Reservation
 from .paths import Files, ToolInputError, manager_for
 
 
@@ -174,9 +176,12 @@ async def evaluate(f: Files, *, backend: Literal["local", "channel"] = "local", 
                    samples_per_problem: int | None = None, max_tokens: int | None = None,
                    preset: str | None = None, concurrency: int = 8, timeout_s: float = 3600.0,
                    device: str = "auto", caps: tuple[int, int] | None = None,
-                   on_progress: Progress | None = None) -> EvalReport:
-    """Evaluate and report (see the module docstring); user mistakes raise ToolInputError / UserError."""
+                   on_progress: Progress | None = None, gate: EvalGate | None = None) -> EvalReport:
+    """Evaluate and report (see the module docstring); user mistakes raise ToolInputError / UserError. `gate`
+    (tools.eval_gate): the server's bound on evaluations at once and on the requests they send."""
     _check_args(backend, run_id, step, model_dir, model)
+    if gate is not None and gate.inside >= gate.capacity:
+        raise ToolInputError(gate.busy_message())
 
     def prepare() -> tuple[EvalPlan, object, ModelSource | None]:  # disk work (checkpoint hashes): off the loop
         run_dir = _run_dir(f, run_id) if run_id else None
@@ -190,17 +195,25 @@ async def evaluate(f: Files, *, backend: Literal["local", "channel"] = "local", 
         return plan, task, source
 
     plan, task, source = await anyio.to_thread.run_sync(prepare)
-    await report_progress(on_progress, 0.02, f"evaluating on {plan.benchmark}")
-    if backend == "local":
-        report = await run_local(plan, source, device=device, timeout_s=timeout_s)
-    else:
-        report = await _channel_report(f, plan, task, model, concurrency, timeout_s, on_progress)
+    planned = 0 if backend == "local" else plan.num_problems * (1 + (plan.samples if plan.temperature > 0 else 0))
+    async with (gate.admitted(planned) if gate is not None else _unbounded()) as turn:
+        await report_progress(on_progress, 0.02, f"evaluating on {plan.benchmark}")
+        if backend == "local":
+            report = await run_local(plan, source, device=device, timeout_s=timeout_s)
+        else:
+            report = await _channel_report(f, plan, task, model, concurrency, timeout_s, on_progress,
+                                           turn.count_request)
     await report_progress(on_progress, 1.0, report.summary[:120])
     return report
 
 
+@asynccontextmanager
+async def _unbounded():
+    yield Reservation(0)
+
+
 async def _channel_report(f: Files, plan: EvalPlan, task, model: str | None, concurrency: int,
-                          timeout_s: float, on_progress: Progress | None) -> EvalReport:
+                          timeout_s: float, on_progress: Progress | None, on_request=None) -> EvalReport:
     channel = await anyio.to_thread.run_sync(load_channel, f.settings, f.config)
     problems = await anyio.to_thread.run_sync(task.heldout, plan.num_problems)
     last = [0.0]
@@ -214,7 +227,8 @@ async def _channel_report(f: Files, plan: EvalPlan, task, model: str | None, con
     run = await run_channel(channel, task, problems, model=requested,
                             fallback=None if model else channel.fallback_model, max_tokens=plan.max_tokens,
                             temperature=plan.temperature, top_p=plan.top_p, samples=plan.samples,
-                            concurrency=concurrency, deadline_s=timeout_s, on_progress=progress)
+                            concurrency=concurrency, deadline_s=timeout_s, on_progress=progress,
+                            on_request=on_request)
     return scrubbed(channel_report(plan, task, problems, run, requested), channel)
 
 
@@ -287,14 +301,14 @@ async def run_local(plan: EvalPlan, source: ModelSource, *, device: str = "auto"
     cmd = [sys.executable, "-m", "vapo_engine.serving.local_eval"]
     try:
         with anyio.fail_after(timeout_s):
-            proc = await anyio.run_process(cmd, input=json.dumps(spec).encode(), check=False, env=child_env())
+            code, stdout, stderr = await _run_worker(cmd, json.dumps(spec).encode())
     except TimeoutError:
         raise EvalWorkerError(f"the local evaluation took longer than {timeout_s:g} s and was stopped; pass fewer "
                               "problems (num_problems) or samples, or a longer timeout") from None
-    out = _last_json(proc.stdout.decode("utf-8", "replace"))
+    out = _last_json(stdout.decode("utf-8", "replace"))
     if out is None or not out.get("ok"):
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        why = out.get("error") if out else f"exit {proc.returncode}: {err[-1] if err else 'no output'}"
+        err = stderr.decode("utf-8", "replace").strip().splitlines()
+        why = out.get("error") if out else f"exit {code}: {err[-1] if err else 'no output'}"
         raise EvalWorkerError(f"local evaluation of {source.model_dir} failed: {safe_text(why, 600)}; check that "
                               "the folder holds a complete model (config.json, safetensors weights, tokenizer) or "
                               "try another checkpoint (step)")
@@ -302,6 +316,30 @@ async def run_local(plan: EvalPlan, source: ModelSource, *, device: str = "auto"
     report = from_metrics(plan, {k: float(v) for k, v in out["metrics"].items()}, backend="local", model=label,
                           problems=int(out["problems"]), seconds=float(out["seconds"]), ok=True)
     return report.model_copy(update={"summary": summarise(report)})
+
+
+async def _run_worker(cmd: list[str], payload: bytes) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) of the worker fed `payload`. Cancelled or timed out, the worker is killed at
+    once — never left running to its end (a cancelled `evaluate` task frees its ~400 MB)."""
+    out, err = bytearray(), bytearray()
+
+    async def drain(stream, into: bytearray) -> None:
+        async for chunk in stream:
+            into += chunk
+    with anyio.CancelScope(shield=True):  # a cancel while it starts must not leave it running unowned
+        process = await anyio.open_process(cmd, env=child_env())
+    async with process:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain, process.stdout, out)
+                tg.start_soon(drain, process.stderr, err)
+                await process.stdin.send(payload)
+                await process.stdin.aclose()
+                code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+    return code, bytes(out), bytes(err)
 
 
 def _last_json(text: str) -> dict | None:

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from tools.eval_gate import REQUESTS_PER_HOUR
 from vapo_engine.serving.limits import BODY_TIMEOUT_S
 
 from .common import UserError, add_file_options, port_number, positive_int
@@ -28,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--body-timeout", type=positive_int(3600), default=int(BODY_TIMEOUT_S), metavar="SECONDS",
                    dest="body_timeout_s", help="with --http: seconds a client has to send its whole request body "
                    f"after the request head, else 408 and the connection is closed (default {BODY_TIMEOUT_S:g})")
+    p.add_argument("--eval-requests-per-hour", type=positive_int(10_000_000), default=REQUESTS_PER_HOUR,
+                   metavar="N", help="chat requests `evaluate` calls of this server may send on the API key in any "
+                   f"rolling hour (default {REQUESTS_PER_HOUR}); a call that would exceed it is refused")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve)
 
@@ -52,16 +56,18 @@ def serve(args) -> int:
     os.environ[SETTINGS_ENV] = str(Path(args.settings).resolve())
     from server.app import build_server
     from tools.access import Policy
+    from tools.eval_gate import EvalGate
+    gate = EvalGate(requests_per_hour=args.eval_requests_per_hour)
     if not args.http:
         if args.allow_path:
             logging.getLogger("vapo_mcp.serve").warning("--allow-path applies to --http only; a stdio client "
                                                         "is the local user and may name any file")
-        build_server(Policy("stdio")).run("stdio")
+        build_server(Policy("stdio"), gate=gate).run("stdio")
         return 0
     from server.http import TOKEN_ENV, check_token, serve_http
     token = os.environ.get(TOKEN_ENV) or None
     check_token(args.host, token)
-    server = build_server(Policy("http", allowed_folders(args.allow_path)))
+    server = build_server(Policy("http", allowed_folders(args.allow_path)), gate=gate)
     serve_http(server, host=args.host, port=args.port, token=token, allowed_hosts=args.allowed_host,
                log_level=args.log_level, body_timeout_s=float(args.body_timeout_s))
     return 0
