@@ -37,7 +37,8 @@ from . import scrubbing, sdk
 from .base import VapoMCPServer
 from .errors import agent_errors
 from .prompts import register_prompts
-from .resources import RunWatch, register_resources
+from .resources import register_resources
+from .subscriptions import RunWatch
 from .tasks import RunTasks
 
 log = logging.getLogger("vapo_mcp.server")
@@ -93,6 +94,7 @@ def build_server(policy: access.Policy | None = None, *, gate: EvalGate | None =
     _run_tools(mcp)
     _evaluate_tool(mcp, gate)
     register_resources(mcp, watch)
+    mcp.run_watch = watch  # who is subscribed to what (server.subscriptions)
     register_prompts(mcp)
     tasks.attach(mcp)
     sdk.check(mcp)

@@ -123,7 +123,7 @@ async def test_legacy_subscriber_is_told_when_a_run_changes_state(proj):
 
 
 async def test_the_poller_runs_only_while_someone_is_subscribed(proj):
-    from server.resources import RunWatch
+    from server.subscriptions import RunWatch
     watch = RunWatch(interval=0.05)
     assert watch._task is None
     stop = watch.bus.subscribe(lambda event: None)

@@ -36,6 +36,12 @@ def run_status(f: Files, run_id: str, uri: str) -> dict:
     return _clean(f, training.run_status(f, run_id, log_lines=STATUS_LOG_LINES).model_dump(mode="json"))
 
 
+def run_known(f: Files, run_id: str, uri: str) -> None:
+    """Nothing, when the run exists (and, for a remote caller, its folder resolves inside the allowed roots); else
+    the tools' error for that run id (a subscription to `uri` is checked so)."""
+    _confined(f, training.views_for(f).get(run_id), uri)
+
+
 def run_metrics(f: Files, run_id: str, uri: str) -> dict:
     """The run's state and progress with its last `RECENT_RECORDS` metrics records (train and eval, in file order),
     read from the end of metrics.jsonl (a torn line is skipped)."""
