@@ -42,12 +42,14 @@ def serving(target: Path, *, token: str | None = None, host: str = "127.0.0.1", 
     the server's own (a test's planted fault)."""
     import uvicorn
 
+    from vapo_engine.serving.header_timeout import protocol
     from vapo_engine.serving.options import ServeOptions
     from vapo_engine.serving.server import prepare
     prepared = prepare(ServeOptions(target=Path(target), host=host, **options), token)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(wrap(prepared.app) if wrap else prepared.app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(wrap(prepared.app) if wrap else prepared.app, log_level="warning",
+                                           http=protocol(admission=prepared.admission)))  # as serve-model runs it
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 60

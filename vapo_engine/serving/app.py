@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .admission import Admission, Admitted
 from .limits import BODY_TIMEOUT_S, MAX_CONCURRENT, InFlightLimit, read_body
 from .protocol import (
     ApiError,
@@ -46,7 +47,7 @@ from .protocol import (
     usage_chunk,
 )
 from .rollout_routes import RolloutRoutes
-from .security import Guard
+from .security import Guard, error_body
 
 log = logging.getLogger("vapo_engine.serving")
 MAX_BODY = 4 * 1024 * 1024
@@ -210,10 +211,11 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozenset[str] | None = None,
               default_max_tokens: int = 512, rollout=None, max_concurrent: int = MAX_CONCURRENT,
-              body_timeout_s: float = BODY_TIMEOUT_S):
-    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, the Guard, and the
-    limits (limits.py: requests in progress, body read time). `rollout` (a `rollout_service.RolloutService`)
-    adds the rollout protocol's routes."""
+              body_timeout_s: float = BODY_TIMEOUT_S, admission: Admission | None = None):
+    """The ASGI app: routes, OpenAI-shaped errors, the engine started/stopped with the app, the Guard, the
+    connection admission (admission.py, shared with the connection protocol) and the limits (limits.py: requests
+    in progress, body read time). `rollout` (a `rollout_service.RolloutService`) adds the rollout protocol's
+    routes."""
     api = Api(served, engine, default_max_tokens=default_max_tokens, rollout=rollout)
     extra = RolloutRoutes(rollout, _read_json).routes() if rollout is not None else []
 
@@ -233,4 +235,6 @@ def build_app(served, engine, *, token: str | None = None, allowed_hosts: frozen
                                         Exception: _server_error},
                     lifespan=lifespan)
     app.state.body_timeout_s = body_timeout_s
-    return InFlightLimit(Guard(app, token=token, allowed_hosts=allowed_hosts), max_concurrent)
+    admitted = Admitted(app, admission or Admission(), error=lambda message, code: error_body(message, code,
+                                                                                                "server_error"))
+    return InFlightLimit(Guard(admitted, token=token, allowed_hosts=allowed_hosts), max_concurrent)

@@ -6,6 +6,9 @@ connection is held until the client goes away, so a few hundred of them use up t
 protocol class returned here closes a connection whose request headers are not complete `seconds` after the
 connection opened or after the previous response finished. A request in progress (a long tool call, a
 streamed answer) is never cut: the timer only runs while the server waits for a new request's headers.
+
+With an `Admission` (admission.py) the protocol also reports each connection's open and close to it, so a peer
+that has not authenticated cannot take the slots of those who have.
 """
 from __future__ import annotations
 
@@ -13,14 +16,17 @@ HEADER_TIMEOUT_S = 15.0
 """Seconds a client has to send a complete request head, from connect or from the end of the last response."""
 
 
-def protocol(seconds: float = HEADER_TIMEOUT_S) -> type:
-    """uvicorn's h11 protocol with the header timeout; pass it as `uvicorn.Config(..., http=protocol())`."""
+def protocol(seconds: float = HEADER_TIMEOUT_S, admission=None) -> type:
+    """uvicorn's h11 protocol with the header timeout (and `admission`'s bookkeeping); pass it as
+    `uvicorn.Config(..., http=protocol(), limit_concurrency=None)` — the admission replaces uvicorn's limit."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class HeaderTimeoutProtocol(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()
+            if admission is not None:
+                admission.opened(self.client, transport.close)
 
         def _waiting(self) -> bool:
             """True while no request is in progress: before the first one, or after a response finished."""
@@ -48,6 +54,8 @@ def protocol(seconds: float = HEADER_TIMEOUT_S) -> type:
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            if admission is not None:
+                admission.closed(self.client)
             super().connection_lost(exc)
 
         def _expire(self) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
+from urllib.parse import urlsplit
 
 from vapo_engine.errors import UserError
 
@@ -51,11 +53,47 @@ def allowed_host_names(bind: str, extra: list[str] | tuple[str, ...] = ()) -> fr
     return frozenset(names)
 
 
-def _host_name(value: bytes) -> str:
-    text = value.decode("latin-1").strip().lower()
-    if text.startswith("["):  # [::1]:8000
-        return text[1:text.find("]")] if "]" in text else text
-    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?")
+
+
+def host_name(value: bytes | str | None) -> str | None:
+    """The name in a Host header (`name`, `name:port`, `[v6]:port`), lower-cased; None for anything else — a
+    userinfo part (`127.0.0.1:1@evil.com`), a port that is not a number in 1–65535, stray characters."""
+    if value is None:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip().lower()
+    m = _HOST.fullmatch(text)
+    if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
+        return None
+    return m["v6"] or m["name"]
+
+
+def origin_host(value: bytes | str) -> str | None:
+    """The host of an Origin header (`scheme://host[:port]`), or None when it is not exactly that."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    try:
+        parts = urlsplit(text.strip())
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or parts.path or parts.query or parts.fragment:
+        return None
+    return host_name(parts.netloc)
+
+
+def header(scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def host_allowed(scope, allowed: frozenset[str] | None, *, origin: bool = False) -> bool:
+    """Whether the request's Host header (and with `origin`, its Origin header when sent) is well-formed and names
+    an allowed host (`allowed` None: any well-formed one)."""
+    names = [host_name(header(scope, b"host"))]
+    if origin and (given := header(scope, b"origin")) is not None:
+        names.append(origin_host(given))
+    return all(n is not None and (allowed is None or n in allowed) for n in names)
 
 
 def error_body(message: str, code: str, type_: str = "invalid_request_error") -> bytes:
@@ -70,20 +108,14 @@ class Guard:
         self.app, self.allowed, self.open_paths = app, allowed_hosts, open_paths
         self.token = token.encode("utf-8") if token else None
 
-    def _header(self, scope, name: bytes) -> bytes | None:
-        for key, value in scope.get("headers") or []:
-            if key.lower() == name:
-                return value
-        return None
-
     def _authorized(self, scope) -> bool:
-        scheme, _, credential = (self._header(scope, b"authorization") or b"").partition(b" ")
+        scheme, _, credential = (header(scope, b"authorization") or b"").partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.allowed is not None and _host_name(self._header(scope, b"host") or b"") not in self.allowed:
+        if not host_allowed(scope, self.allowed):
             return await _refuse(send, 421, error_body(
                 "the Host header does not name this server (DNS-rebinding protection); connect to 127.0.0.1, or "
                 "restart serve-model with --allowed-host <the name clients use>", "invalid_host"))

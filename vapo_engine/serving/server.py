@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .admission import Admission
 from .listen import bind_listen_socket
 from .options import ServeOptions
 from .security import TOKEN_ENV, allowed_host_names, check_bind
@@ -29,6 +30,8 @@ class Prepared:
     allowed_hosts: frozenset[str] | None = None
     rollout: object = None
     """The rollout protocol's service (rollout_service.RolloutService)."""
+    admission: object = None
+    """Who gets a connection slot (admission.Admission), shared by the app and the connection protocol."""
 
 
 def prepare(opts: ServeOptions, token: str | None = None) -> Prepared:
@@ -44,9 +47,11 @@ def prepare(opts: ServeOptions, token: str | None = None) -> Prepared:
     engine = Engine(served, max_batch=opts.max_batch, window_s=opts.batch_window_ms / 1000)
     hosts = allowed_host_names(opts.host, opts.allowed_hosts)
     rollout = RolloutService(served, weight_root=opts.weight_root)
+    admission = Admission()
     app = build_app(served, engine, token=token, allowed_hosts=hosts, default_max_tokens=opts.default_max_tokens,
-                    rollout=rollout, max_concurrent=opts.max_concurrent, body_timeout_s=opts.body_timeout_s)
-    return Prepared(app, source, served, engine, name, hosts, rollout)
+                    rollout=rollout, max_concurrent=opts.max_concurrent, body_timeout_s=opts.body_timeout_s,
+                    admission=admission)
+    return Prepared(app, source, served, engine, name, hosts, rollout, admission)
 
 
 def banner(p: Prepared, url: str, token: bool) -> str:
@@ -74,5 +79,5 @@ def run(opts: ServeOptions) -> None:
     shown = f"[{opts.host}]" if ":" in opts.host else opts.host
     print(banner(p, f"http://{shown}:{port}", bool(token)), file=sys.stderr, flush=True)
     from .header_timeout import protocol
-    config = uvicorn.Config(p.app, log_level=opts.log_level, server_header=False, http=protocol())
+    config = uvicorn.Config(p.app, log_level=opts.log_level, server_header=False, http=protocol(admission=p.admission))
     uvicorn.Server(config).run(sockets=[sock])
