@@ -9,10 +9,13 @@ vocabulary). A request's n samples are one batch of n rows; a seeded request run
 it draws the same tokens whichever replica serves it. One lock (`ServedModel.compute`) serialises every use of
 the model (these calls, the chat engine's batches and weight loads), so weights never change under a running
 request and each answer carries the one version that produced it. Loading reads safetensors only (no pickle)
-from a directory inside `--weight-root`.
+from a directory inside `--weight-root`, each file opened the one safe way run files are (vapo_engine/datafiles.py:
+never through a symlink, only when regular, so a FIFO named `*.safetensors` cannot freeze the server); a file
+that does not parse as safetensors is a 400 naming it.
 """
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch
 from safetensors import safe_open
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from vapo_engine.datafiles import NotRegularFile, open_read
 from vapo_engine.rollout.backends import SamplingParams
 from vapo_engine.rollout.backends.hf import _seeded, run
 
@@ -134,17 +138,7 @@ class RolloutService:
         state = self.m.model.state_dict()
         loaded: dict[str, torch.Tensor] = {}
         for f in files:
-            with safe_open(str(f), framework="pt", device="cpu") as sf:
-                for name in sf.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                    if name not in state:
-                        raise bad_request(f"{f.name} holds tensor {name[:200]!r}, which the served model does not "
-                                          "have: the trainer trains another architecture than this server serves",
-                                          "path")
-                    t = sf.get_tensor(name)
-                    if tuple(t.shape) != tuple(state[name].shape):
-                        raise bad_request(f"tensor {name[:200]!r} has shape {tuple(t.shape)} in {f.name} but "
-                                          f"{tuple(state[name].shape)} in the served model", "path")
-                    loaded[name] = t
+            loaded.update(_tensors(f, state))
         have = {state[k].data_ptr() for k in loaded}
         missing = [k for k in state if k not in loaded and state[k].data_ptr() not in have]
         if missing:
@@ -172,3 +166,37 @@ class RolloutService:
             raise bad_request(f"{path[:300]} is not a directory on this server; the trainer and the server must "
                               "see the same file system (or a shared one) at that path", "path")
         return folder
+
+
+def _tensors(f: Path, state: dict) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file `f`, each checked against the served model's `state`; a 400 naming `f` when
+    it is not a regular file, not safetensors, or does not fit."""
+    try:
+        handle = open_read(f)  # O_NOFOLLOW | O_NONBLOCK, regular files only: a FIFO or a symlink never blocks
+    except NotRegularFile:
+        raise bad_request(f"{f.name} is a symbolic link or not a regular file; the weights must be regular files the "
+                          "trainer wrote inside --weight-root", "path") from None
+    except OSError as e:
+        raise bad_request(f"{f.name} cannot be read ({e.strerror or type(e).__name__})", "path") from None
+    with handle:
+        by_fd = f"/proc/self/fd/{handle.fileno()}"  # the file opened above, not whatever the name points to now
+        try:
+            with safe_open(by_fd if os.path.exists(by_fd) else str(f), framework="pt", device="cpu") as sf:
+                return {name: _fitting(f, name, sf, state) for name in sf.keys()}  # noqa: SIM118 - a handle
+        except ApiError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a malformed file (safetensors raises its own error types)
+            raise bad_request(f"{f.name} is not a valid safetensors file ({type(e).__name__}); write it with "
+                              "save_pretrained / safetensors", "path") from None
+
+
+def _fitting(f: Path, name: str, sf, state: dict) -> torch.Tensor:
+    """Tensor `name` of the open file `sf`, once the served model has it (checked before it is read) in that shape."""
+    if name not in state:
+        raise bad_request(f"{f.name} holds tensor {name[:200]!r}, which the served model does not have: the trainer "
+                          "trains another architecture than this server serves", "path")
+    t = sf.get_tensor(name)
+    if tuple(t.shape) != tuple(state[name].shape):
+        raise bad_request(f"tensor {name[:200]!r} has shape {tuple(t.shape)} in {f.name} but "
+                          f"{tuple(state[name].shape)} in the served model", "path")
+    return t
