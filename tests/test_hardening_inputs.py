@@ -92,7 +92,7 @@ def test_a_key_passed_as_code_path_is_never_echoed(proj, capsys):
 
 def test_a_refused_remote_path_is_scrubbed_too(tmp_path):
     from tools.access import refusal
-    assert KEY not in str(refusal(f"/elsewhere/{KEY}", [tmp_path]))
+    assert KEY not in str(refusal(f"/elsewhere/{KEY}"))
 
 
 # --- NUL in paths ----------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import uuid
 
 from tests.conftest import ROOT
 from vapo_engine.config import Secret, load_config, load_settings
+from vapo_engine.config.path_fields import freeze_paths
 from vapo_engine.jobs import RunManager
 from vapo_engine.metrics import read_metrics
-from vapo_engine.runs import create_run, freeze_paths, load_run
+from vapo_engine.runs import create_run, load_run
 
 
 def test_relative_jsonl_task_paths_are_frozen_absolute(tmp_path, monkeypatch):

@@ -38,8 +38,9 @@ def test_fifo_symlink_and_malformed_weight_files_are_400_at_once(tmp_path, model
     (link_dir / "model.safetensors").symlink_to(next(model_dir.glob("*.safetensors")))  # outside the root
     (junk_dir / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}" + os.urandom(64))
     # a writer that opens the FIFO after 8 s, so a server that blocked on it comes back (and the test can fail)
-    unblock = subprocess.Popen([sys.executable, "-c", f"import os, time; time.sleep(8); fd = os.open({str(fifo)!r}, "
-                                "os.O_WRONLY); os.write(fd, b'x' * 16); os.close(fd)"])
+    writer = (f"import os, time; time.sleep(8); fd = os.open({str(fifo)!r}, os.O_WRONLY); os.write(fd, b'x' * 16); "
+              "os.close(fd)")
+    unblock = subprocess.Popen([sys.executable, "-c", writer])
     try:
         with serving(model_dir, token=TOKEN, weight_root=root) as s:
             health: list[float] = []

@@ -11,7 +11,8 @@ Three callers reach the tools, and they are trusted differently:
   (`logging.mlflow_tracking_uri`: the tracker gets the metrics and the environment's tracker credentials).
 - **An HTTP MCP client with the bearer token** is a remote agent that may be prompt-injected. On top of the
   stdio rules, every path it names — `diagnose_error(log_path, code_path)`, a `preset` .toml, the path-valued
-  config keys (`model.local_path`, `model.value_path`, `data.data_dir`, a JSONL `data.train` /
+  config keys (every field typed PathText: vapo_engine/config/path_fields.py — `model.local_path`,
+  `model.value_path`, `critic.model_path`, `data.data_dir`, `rollout.weights_dir`, a JSONL `data.train` /
   `eval.benchmark`) whether set by an override or by a preset file — must resolve (after symlinks) inside the
   allowed roots: the project (the folder of config.toml), `runtime.log_dir`, config.toml's own `data.data_dir`,
   and the folders given with `vapo-mcp serve --http --allow-path DIR`. A path outside gets one fixed refusal
@@ -32,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_engine.config import ConfigError, TrainConfig, load_config, load_settings, preset_names
+from vapo_engine.config.path_fields import TASK_SPECS, freeze_paths, get_path, path_fields
 from vapo_engine.config.secrets import redact_tokens
 from vapo_engine.jobs.threads import usable_cores
 from vapo_engine.providers import scrub
-from vapo_engine.runs import freeze_paths, runs_root
+from vapo_engine.runs import runs_root
 from vapo_engine.tasks import BUILTIN_PREFIX
 
 from .paths import Files, ToolInputError
@@ -115,12 +117,17 @@ def allowed_roots(f: Files, policy: Policy) -> list[Path]:
     return out
 
 
-def refusal(given: object, roots: list[Path]) -> PathNotAllowed:
-    """The one message for every refused path (same text whether or not it exists)."""
+ROOTS_BY_ROLE = ("the project folder (where config.toml is), runtime.log_dir, config.toml's data.data_dir and the "
+                 "server's --allow-path folders")
+"""How a refusal names the roots: by role, never by their absolute paths on the server."""
+
+
+def refusal(given: object) -> PathNotAllowed:
+    """The one message for every refused path (same text whether or not it exists, and whatever the roots are)."""
     shown = redact_tokens(scrub(str(given)[:400]))  # echoed, so scrubbed like any text (a key as a path)
     shown = shown if len(shown) <= 200 else shown[:200] + "…"
-    return PathNotAllowed(f"path {shown!r} is outside the allowed roots ({', '.join(map(str, roots))}); "
-                          "restart the server with --allow-path DIR to allow it")
+    return PathNotAllowed(f"path {shown!r} is outside the allowed roots ({ROOTS_BY_ROLE}); use a path under "
+                          "one of them, or restart the server with --allow-path DIR to allow it")
 
 
 def confine(path: str | Path, f: Files, policy: Policy | None = None, *, roots: list[Path] | None = None,
@@ -134,7 +141,7 @@ def confine(path: str | Path, f: Files, policy: Policy | None = None, *, roots: 
     roots = roots if roots is not None else allowed_roots(f, policy)
     resolved = _resolve(Path(str(path)), f.config.resolve().parent)
     if resolved is None or not _inside(resolved, roots):
-        raise refusal(path if shown is None else shown, roots)
+        raise refusal(path if shown is None else shown)
     return resolved
 
 
@@ -144,7 +151,7 @@ def confine_files(files: list[Path], roots: list[Path], shown: object) -> None:
     for p in files:
         r = _resolve(p)
         if r is None or not _inside(r, roots):
-            raise refusal(shown, roots)
+            raise refusal(shown)
 
 
 def _inside(p: Path, roots: list[Path]) -> bool:
@@ -232,13 +239,16 @@ def _check_sink_destinations(f: Files, cfg: TrainConfig) -> None:
 
 
 def _check_paths(f: Files, cfg: TrainConfig, policy: Policy) -> None:
+    """Every path field of the config (vapo_engine.config.path_fields: each field typed PathText) inside the roots;
+    a task spec by the files it may read."""
     roots = allowed_roots(f, policy)
-    for value in (cfg.model.local_path, cfg.model.value_path, cfg.data.data_dir, cfg.rollout.weights_dir):
-        if value:
+    for key in path_fields():
+        value = get_path(cfg, key)
+        if key in TASK_SPECS:
+            for candidate in jsonl_candidates(value, Path(cfg.data.data_dir)):
+                confine(candidate, f, policy, roots=roots, shown=value)
+        elif value:
             confine(value, f, policy, roots=roots)
-    for spec in (cfg.data.train, cfg.eval.benchmark):
-        for candidate in jsonl_candidates(spec, Path(cfg.data.data_dir)):
-            confine(candidate, f, policy, roots=roots, shown=spec)
 
 
 def jsonl_candidates(spec: str, data_dir: Path) -> list[Path]:

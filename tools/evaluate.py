@@ -33,12 +33,13 @@ from pydantic import BaseModel, Field
 
 from vapo_engine.childenv import child_env
 from vapo_engine.config import ConfigError, load_config, load_settings
+from vapo_engine.config.path_fields import freeze_paths
 from vapo_engine.errors import UserError
 from vapo_engine.metrics import accuracies
 from vapo_engine.providers import safe_text
 from vapo_engine.providers.pool import percentile
 from vapo_engine.realmodels.source import packaged_name
-from vapo_engine.runs import freeze_paths, load_run
+from vapo_engine.runs import load_run
 from vapo_engine.serving.source import ModelSource, resolve_source
 from vapo_engine.tasks import TaskError, get_task
 

@@ -11,11 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vapo_engine.config import TrainConfig, load_config, resolve_channel
 from vapo_engine.config.lora_model import peft_missing
+from vapo_engine.config.path_fields import freeze_paths
 from vapo_engine.jobs import RunSnapshot, RunViews
 from vapo_engine.prompts import check_prompts
 from vapo_engine.providers.redaction import scrub_model
 from vapo_engine.rundir import CONFIG_JSON
-from vapo_engine.runs import create_run, freeze_paths
+from vapo_engine.runs import create_run
 from vapo_engine.sinks import sink_factories
 from vapo_engine.tasks import TaskError, get_task
 from vapo_engine.variants import DEFAULT_ABLATION, VARIANTS

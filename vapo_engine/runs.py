@@ -79,26 +79,3 @@ def load_run(run_dir: str | Path) -> tuple[RunInfo, TrainConfig]:
     config = TrainConfig.model_validate(json.loads(read_text(run_dir / CONFIG_JSON)))
     info = RunInfo(meta["run_id"], run_dir, meta["experiment"], tuple(meta.get("tags", ())), int(meta["seed"]))
     return info, config
-
-
-def freeze_paths(config: TrainConfig, base_dir: str | Path) -> TrainConfig:
-    """Make the config's relative paths (model dirs, data_dir) absolute against `base_dir`, so that the
-    frozen copy in a run directory means the same thing from any working directory."""
-    base = Path(base_dir).resolve()
-    fix = (lambda p: p if p is None or Path(p).expanduser().is_absolute() else str((base / p).resolve()))
-    model = config.model.model_copy(update={"local_path": fix(config.model.local_path),
-                                            "value_path": fix(config.model.value_path)})
-    data_dir = fix(config.data.data_dir)
-    data = config.data.model_copy(update={"data_dir": data_dir, "train": _freeze_spec(config.data.train, data_dir)})
-    ev = config.eval.model_copy(update={"benchmark": _freeze_spec(config.eval.benchmark, data_dir)})
-    rollout = config.rollout.model_copy(update={"weights_dir": fix(config.rollout.weights_dir)})
-    return config.model_copy(update={"model": model, "data": data, "eval": ev, "rollout": rollout})
-
-
-def _freeze_spec(spec: str, data_dir: str) -> str:
-    """A relative `.jsonl` task path made absolute the way `tasks.get_task` resolves it now (the working
-    directory, else the data dir), so a worker started from another directory reads the same file."""
-    p = Path(spec.strip()).expanduser()
-    if not spec.strip().endswith(".jsonl") or p.is_absolute():
-        return spec
-    return str((p if p.exists() else Path(data_dir) / p).resolve())

@@ -58,7 +58,7 @@ def _data_dir(args) -> tuple[Path, str]:
     if not config.is_file():
         return Path("data").absolute(), "data dir"
     from vapo_engine.config import load_config
-    from vapo_engine.runs import freeze_paths
+    from vapo_engine.config.path_fields import freeze_paths
     return Path(freeze_paths(load_config(config), config.resolve().parent).data.data_dir), \
         f"{config}: data.data_dir"
 

@@ -1,7 +1,7 @@
 """The config's local paths checked on disk (`vapo-mcp config check`): model folders and data files.
 
 Only fields that name something on this machine are checked, resolved the way a run resolves them
-(`runs.freeze_paths`: relative to config.toml's folder): model.local_path, model.value_path and
+(`path_fields.freeze_paths`: relative to config.toml's folder): model.local_path, model.value_path and
 critic.model_path must be Hugging Face model folders (config.json inside); data.train and eval.benchmark must
 be a `builtin:` task, a registered benchmark (fetched into data.data_dir on first use), or a JSONL file that
 exists; data.data_dir, when it exists, must be a folder. Nothing is downloaded or loaded. Torch-free.
@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from .errors import ConfigIssue
+from .path_fields import freeze_paths
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _MODEL_FIELDS = ("model.local_path", "model.value_path", "critic.model_path")
@@ -19,7 +20,6 @@ _MODEL_FIELDS = ("model.local_path", "model.value_path", "critic.model_path")
 
 def local_path_issues(config, config_file: str | Path) -> list[ConfigIssue]:
     """One error per local path of `config` (already validated) that is missing or of the wrong kind."""
-    from vapo_engine.runs import freeze_paths
     base = Path(config_file).resolve().parent
     frozen = freeze_paths(config, base)
     out = []

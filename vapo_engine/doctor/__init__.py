@@ -15,9 +15,9 @@ from pathlib import Path
 
 from vapo_engine.config import ConfigError, load_config
 from vapo_engine.config.lora_model import peft_missing
+from vapo_engine.config.path_fields import freeze_paths
 from vapo_engine.errors import UserError
 from vapo_engine.realmodels.source import is_gguf_spec
-from vapo_engine.runs import freeze_paths
 
 from .findings import DoctorReport, Finding, error, info, warning
 from .host import Host
