@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -160,8 +161,12 @@ def _submit(f: Files, cfg: TrainConfig, *, preset: str | None, overrides: list[s
     info = create_run(cfg, settings, mgr.root, channel_public=channel.public(), overrides=overrides,
                       preset=preset, extra={"group_id": group_id, "variant": variant, **(extra or {})},
                       secrets=channel.secrets())
-    rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
-                     nprocs=cfg.distributed.nproc_per_node)
+    try:
+        rec = mgr.submit(info.run_id, info.experiment, info.tags, info.run_dir, group_id=group_id, variant=variant,
+                         nprocs=cfg.distributed.nproc_per_node)
+    except BaseException:  # refused (a full queue another start filled since check_room) or failed: leave nothing
+        shutil.rmtree(info.run_dir, ignore_errors=True)
+        raise
     return StartResult(run=_view(RunViews(mgr).of(rec)),
                        poll=hints.for_caller(f"run_status(run_id='{info.run_id}') until succeeded/failed, then "
                                              f"report_metrics(run_id='{info.run_id}')"),
