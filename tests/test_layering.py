@@ -93,3 +93,30 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
         if v not in index:
             strong(v)
     return out
+
+
+WORKER_SIDE = ("vapo_engine.trainer", "vapo_engine.rollout", "vapo_engine.algo", "vapo_engine.serving")
+FACADE = ("vapo_engine/config", "vapo_engine/jobs", "vapo_engine/providers", "vapo_engine/diagnostics",
+          "vapo_engine/tasks")
+LEAVES = {"vapo_engine/config": ("vapo_engine.config", "vapo_engine.errors", "vapo_engine.tasks",
+                                 "vapo_engine.builtin_model.recipes"),
+          "vapo_engine/prompts.py": ("vapo_engine.errors",), "vapo_engine/childenv.py": (),
+          "vapo_engine/errors.py": (), "vapo_engine/datafiles.py": ()}
+"""Modules the rest of the house builds on, and the only project modules each may import (docs/design.md §1.1):
+the config's data (task names, built-in recipes) but nothing that reads a config (runs, jobs, prompts)."""
+
+
+def test_nothing_imports_upwards():
+    """The torch-free part of vapo_engine (its top-level modules and the facade packages) never imports the worker
+    side (childenv once took the token's name from serving/security), and the leaves import only what is below
+    them (config once imported runs, prompts the config models)."""
+    offenders = []
+    for path in (ROOT / "vapo_engine").rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        imports = _module_imports(path, "vapo_engine")
+        if path.parent == ROOT / "vapo_engine" or rel.startswith(FACADE):
+            offenders += [f"{rel} -> {m}" for m in imports if m.startswith(WORKER_SIDE)]
+        for leaf, allowed in LEAVES.items():
+            if rel == leaf or rel.startswith(leaf + "/"):
+                offenders += [f"{rel} -> {m}" for m in imports if m != "vapo_engine" and not m.startswith(allowed)]
+    assert not offenders, offenders

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from vapo_engine.serving.security import TOKEN_ENV
-
+TOKEN_ENV = "VAPO_MCP_TOKEN"
+"""The bearer token of both HTTP servers (vapo_engine/serving/security.py takes the name from here)."""
 SERVER_SECRETS = (TOKEN_ENV,)
 """Variables a child process never inherits unless `keep` names them."""
 

@@ -11,19 +11,29 @@ evaluation (`rollout.generate`), replayed provider answers (`trainer.provider_sa
 backend (`serving.local_eval`), and `vapo-mcp config check` / `start_training` (which read the model
 directory's files through `check_prompts`). The chat messages are the ones the channel evaluation and provider
 samples send to an API model (system only when non-empty, then the user prompt), and `serving.model` applies
-the same template to a client's messages. Torch-free and transformers-free: the tokenizer is passed in.
+the same template to a client's messages. Torch-free and transformers-free: the tokenizer is passed in; the
+config is taken by shape (`ModelPrompts`: config.toml's [model] has these fields), so this leaf module, which the
+worker-side rollout code imports, depends on no config model.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from vapo_engine.config.train_model import ModelConfig
 from vapo_engine.errors import UserError
 
 Mode = Literal["plain", "chat"]
+
+
+class ModelPrompts(Protocol):
+    """What the prompts need of config.toml's [model] (vapo_engine.config.train_model.ModelConfig)."""
+
+    prompt_format: str
+    system_prompt: str | None
+    local_path: str | None
+
 BUILTIN = "the built-in model"
 
 
@@ -77,7 +87,7 @@ def no_template_error(where: str) -> PromptFormatError:
     return PromptFormatError(f"model.prompt_format: {no_template_problem(where)}. Fix: {NO_TEMPLATE_FIX}")
 
 
-def resolve_prompt_format(model: ModelConfig, tokenizer_or_dir, task=None, *, where: str = "") -> PromptFormat:
+def resolve_prompt_format(model: ModelPrompts, tokenizer_or_dir, task=None, *, where: str = "") -> PromptFormat:
     """The format for `task`'s prompts: `model.prompt_format` against the tokenizer (an object with a
     `chat_template` attribute, or a model directory); the system message is `model.system_prompt`, else the
     task's `system_prompt`. `PromptFormatError` (naming the key and the fix) for chat without a template, or a
@@ -139,14 +149,14 @@ class PromptCheck:
         return {"format": self.mode, "line": self.line, "error": self.error}
 
 
-def system_origin(model: ModelConfig) -> str:
+def system_origin(model: ModelPrompts) -> str:
     """Where the system message of chat prompts comes from, in words."""
     if model.system_prompt is None:
         return "the task's format instruction"
     return "none" if model.system_prompt == "" else f"model.system_prompt, {len(model.system_prompt)} characters"
 
 
-def describe(fmt: PromptFormat, model: ModelConfig, where: str) -> str:
+def describe(fmt: PromptFormat, model: ModelPrompts, where: str) -> str:
     """One line for logs: `chat template of <where> (system: ...)` or `plain (<why>)`."""
     if fmt.mode == "chat":
         return f"chat template of {where} (system: {system_origin(model)})"
@@ -155,7 +165,7 @@ def describe(fmt: PromptFormat, model: ModelConfig, where: str) -> str:
     return f"plain ({where} has no chat template)"
 
 
-def check_prompts(model: ModelConfig, base_dir: str | Path = ".") -> PromptCheck:
+def check_prompts(model: ModelPrompts, base_dir: str | Path = ".") -> PromptCheck:
     """The prompt format a run of this `[model]` section would use, from the model directory's files
     (`local_path` relative to `base_dir`, the config file's folder, as runs resolve it)."""
     from vapo_engine.realmodels.source import cached_folder, is_gguf_spec

@@ -15,9 +15,9 @@ import json
 import re
 from urllib.parse import urlsplit
 
+from vapo_engine.childenv import TOKEN_ENV
 from vapo_engine.errors import UserError
 
-TOKEN_ENV = "VAPO_MCP_TOKEN"
 MIN_TOKEN_CHARS = 16
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 MAKE_TOKEN = f"export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
