@@ -1,4 +1,4 @@
-"""GPU self-check (issue 14 item 6): does this machine train? One printed table, one row per check, for the first
+"""GPU self-check (docs/scale-out.md "Not built yet, and not run yet"): does this machine train? One printed table, one row per check, for the first
 machine with a GPU; `--device cpu` runs the same checks on the CPU (gloo), which is how the script is tested.
 
 Each check runs its engine job in a child process (scripts/gpu_step.py), so an error, an out-of-memory or a

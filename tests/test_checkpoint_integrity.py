@@ -1,5 +1,5 @@
 """Checkpoints load without executing code, and a damaged newest checkpoint falls back to the previous one
-(issue 11, items 2 and 3)."""
+(docs/design.md §5.6)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""A pasted error is explained first (issue 12, item 6). An IDE assistant pastes an error from the user's own
+"""A pasted error is explained first (docs/design.md §4). An IDE assistant pastes an error from the user's own
 program into diagnose_error; the MCP server's own process may have no key. Findings about the pasted error lead;
 facts about this server's own channel (key not set, base URL, config files) follow, labelled, and never become
 the headline. Checked for every rule that a pasted status / body / headers / text can trigger."""

@@ -8,7 +8,7 @@ Valid start_training / ablate calls do happen (and make real run directories), b
 manager's only slot (tests.mcp_helpers.slot_held), so they stay queued and no trainer process starts; they are
 stopped at the end, and the test checks that none ever ran.
 
-`test_fuzz_run_directory_json` does the same to the run directories (issue 23): each round mutates one file of
+`test_fuzz_run_directory_json` does the same to the run directories (docs/security.md "A run directory is data, never authority"): each round mutates one file of
 a run directory (a field set to junk, another type, a torn or deeply nested document, an attempt claiming
 another id, invalid UTF-8, an empty file), sometimes deletes the registry so it is rebuilt from them, then calls
 a run tool; the same assertions hold, and a live process that worker.json names is never signalled.

@@ -1,4 +1,4 @@
-"""Bad input gets a clear error and runs nothing (issue 23, items 5-7), each reproduction as it was found: a
+"""Bad input gets a clear error and runs nothing (docs/security.md "What holds for every caller"), each reproduction as it was found: a
 model folder whose config names an unknown `model_type` and an `auto_map`, served with stdin offering "y"
 (transformers used to ask `[y/N]` and then run the folder's code); a key pasted as `diagnose_error`'s
 code_path (echoed unscrubbed); NUL in path-valued config keys over MCP (a bare "Error executing tool"); NaN,

@@ -1,4 +1,4 @@
-"""A client that connects and never finishes its request headers is disconnected (issue 23: 400 such
+"""A client that connects and never finishes its request headers is disconnected (docs/security.md "Serving over HTTP": 400 such
 connections used to be held for as long as the clients kept them open). A real uvicorn server on 127.0.0.1
 runs the MCP server's HTTP app with the project's protocol class and a 0.5 s header timeout."""
 from __future__ import annotations

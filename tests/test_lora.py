@@ -1,4 +1,4 @@
-"""LoRA (issue 14 item 2): only adapters (+ value head) train, the base stays frozen and doubles as the KL
+"""LoRA (docs/scale-out.md): only adapters (+ value head) train, the base stays frozen and doubles as the KL
 reference, checkpoints resume exactly, `policy/` is a merged plain HF directory that loads and serves, DDP
 still equals one process, and config mistakes are clear errors."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MCP tasks (issue 26 item 1), through the MCP Python client: over stdio with the 2026-07-28
+"""MCP tasks (docs/mcp.md "Tasks"), through the MCP Python client: over stdio with the 2026-07-28
 `io.modelcontextprotocol/tasks` extension and over streamable HTTP with the 2025-11-25 form, each on real tiny runs
 of the built-in model — a task-augmented start_training returns a task, tasks/get shows its progress rising,
 tasks/cancel stops it after a checkpoint, a second task runs to completion and returns the run's summary, a plain

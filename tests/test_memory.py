@@ -1,4 +1,4 @@
-"""Memory options (issue 14 item 3): token-budget micro-batches and gradient checkpointing change memory, not
+"""Memory options (docs/scale-out.md): token-budget micro-batches and gradient checkpointing change memory, not
 the update — the same gradients and metrics as the count split without checkpointing, on the tiny model; the
 splitter keeps its budget and pads to the count every rank agrees on; checkpointing really recomputes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prompts the model expects (issue 14): an instruct model's chat template (with the task's format instruction as
+"""Prompts the model expects (docs/training.md "Train a real model"): an instruct model's chat template (with the task's format instruction as
 the system message unless model.system_prompt says otherwise), plain text for base models, one encoding for
 rollouts, evaluation, replayed provider answers and `vapo-mcp eval`, shown by `vapo-mcp config check`."""
 from __future__ import annotations

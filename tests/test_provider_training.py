@@ -1,4 +1,4 @@
-"""Provider samples in training ([provider_rollouts], issue 12) against a real loopback OpenAI-style server that
+"""Provider samples in training ([provider_rollouts], docs/design.md §8) against a real loopback OpenAI-style server that
 solves the prompts: 429 storms during a run, a provider that rejects the key, and the answer cache on resume."""
 from __future__ import annotations
 

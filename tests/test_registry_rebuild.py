@@ -1,4 +1,4 @@
-"""The registry is an index over the run directories (issue 11, item 7): rebuilt when deleted or damaged;
+"""The registry is an index over the run directories (docs/design.md §5.5): rebuilt when deleted or damaged;
 OS and SQLite failures are messages with a fix (a ToolError over MCP, exit 2 in the CLI)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Multi-process runs never unpickle peer data and listen on loopback only (issue 11, item 1, trainer side).
+"""Multi-process runs never unpickle peer data and listen on loopback only (docs/security.md, trainer side).
 
 A process that joins a run's rendezvous as another rank could make a worker unpickle (run) its data through
 object collectives, and torchrun's own dynamic rendezvous keeps a pickle in a store that listens on every

@@ -1,4 +1,4 @@
-"""MCP resources of runs and prompts (issue 26 items 2-3): resources listed and read over stdio and streamable
+"""MCP resources of runs and prompts (docs/mcp.md "Resources", "Prompts"): resources listed and read over stdio and streamable
 HTTP; a bad run id or a file resolving outside the allowed roots refused with the tools' own message; subscribers
 notified when a run changes state (subscriptions/listen over HTTP, resources/subscribe in memory) and when a real
 tiny run finishes (subscriptions/listen over stdio);

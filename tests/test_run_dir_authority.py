@@ -1,4 +1,4 @@
-"""A run directory is data, never authority (issue 23, items 2-4), each reproduction against real processes and
+"""A run directory is data, never authority (docs/security.md "A run directory is data, never authority"), each reproduction against real processes and
 loopback servers: a run.json that names another settings.json cannot send the key to another base URL; a pid
 planted in state.json (or a lock file that is a link to another program's lock) is never signalled; a
 rebuilt registry never lets a record claim another run's id; one malformed record costs only its own run;

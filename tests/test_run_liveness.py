@@ -1,4 +1,4 @@
-"""Run state that never lies (issue 11, item 6): the worker, not only its supervisor, decides whether a run
+"""Run state that never lies (docs/design.md §5.5): the worker, not only its supervisor, decides whether a run
 is alive; a run whose supervisor died still finishes or stops on request; never two writers."""
 from __future__ import annotations
 

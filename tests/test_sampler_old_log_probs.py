@@ -1,4 +1,4 @@
-"""rollout.old_log_probs = "sampler" (issue 24 item 3, "no recomputation of what is already known"): the policy's
+"""rollout.old_log_probs = "sampler" (docs/design.md §5.1, "no recomputation of what is already known"): the policy's
 old log-probs and entropies are read off the hf sampler's decoding steps instead of a forward pass after
 sampling. They must be what that pass computes (full vocabulary at the sampling temperature, not the top-p
 truncated distribution), the sampling itself must not change, the old-output pass must then run no policy

@@ -1,4 +1,4 @@
-"""The scrubber cannot be stalled (issue 23, item 1): a megabyte of adversarial text — every start of a
+"""The scrubber cannot be stalled (docs/security.md "What holds for every caller"): a megabyte of adversarial text — every start of a
 credential-shaped pattern a near miss — takes less than a second of CPU (the quadratic patterns it replaced
 took 4 s for 24 kB of "sk-" and about 20 minutes for 200 kB), no call into the regex engine scans much more
 than a window (it holds the GIL), input beyond the size bound is dropped, never passed on unscrubbed, and

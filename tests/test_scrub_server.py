@@ -1,4 +1,4 @@
-"""A provider that answers a megabyte of key-shaped text cannot stall the MCP server (issue 23, item 1): a real
+"""A provider that answers a megabyte of key-shaped text cannot stall the MCP server (docs/security.md "What holds for every caller"): a real
 `vapo-mcp serve --http` process runs smoke_test against a loopback provider whose answer is
 `"sk-" * 350000`; while the answer is scrubbed, /health keeps answering (median under 100 ms, none over 1 s; before, the scrub ran on
 the event loop: 47.6 s for 60 kB, /health blocked throughout), and nothing of the key reaches the result."""

@@ -1,4 +1,4 @@
-"""[critic] (issue 24): a value model smaller than the policy — its own folder or a width/depth fraction of the
+"""[critic] (docs/design.md §3.8): a value model smaller than the policy — its own folder or a width/depth fraction of the
 policy. Config errors are clear; the scaled config has the expected shape; a run with the smaller critic trains,
 its critic has fewer parameters, its checkpoint holds the small critic and resume continues identically."""
 from __future__ import annotations

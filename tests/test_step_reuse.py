@@ -1,4 +1,4 @@
-"""Issue 24 item 3: the cheaper VAPO step computes the same update. The first update's forward pass kept from
+"""docs/design.md §5.1: the cheaper VAPO step computes the same update. The first update's forward pass kept from
 the old-output pass (trainer/first_forward.py) gives bit-identical gradients and metrics with one forward pass
 fewer per model; replayed positives riding in the actor's micro-batches (one forward, one backward with the
 policy loss) give the gradient of separate passes; value pretraining runs no policy pass. Real tiny models (a

@@ -97,11 +97,3 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def is_regular(path: str | os.PathLike) -> bool:
-    """Whether `path` itself (not what a link points to) is a regular file."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False

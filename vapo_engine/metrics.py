@@ -28,7 +28,7 @@ _PROVIDER: dict[str, str] = {
     "correct": "provider answers the task's checker accepts",
     "positives_added": "correct provider answers added to the positive replay buffer",
     "too_long": "correct provider answers longer than the token cap (not replayed)"}
-"""The provider-samples counters (issue 12; cumulative over the run, rank 0 only)."""
+"""The provider-samples counters (docs/design.md §8; cumulative over the run, rank 0 only)."""
 
 CATALOGUE: dict[str, str] = {
     # actor
@@ -109,7 +109,7 @@ CATALOGUE: dict[str, str] = {
     "vapo/positive_samples": "correct responses in the positive-example LM batch from this rollout",
     "vapo/replay_samples": "responses drawn from the positive replay buffer",
     "vapo/replay_size": "entries in the positive replay buffer",
-    # provider samples (issue 12; cumulative over the run, rank 0)
+    # provider samples (docs/design.md §8; cumulative over the run, rank 0)
     **{f"provider/{k}": v for k, v in _PROVIDER.items()},
     "vapo/replay_provider": "provider answers in the positive replay buffer",
     # eval

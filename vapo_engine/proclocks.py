@@ -1,7 +1,7 @@
 """Who holds a lock file, as the kernel says: the only evidence the run manager signals a process on.
 
 A pid, process group or start time read from a run directory (state.json, worker.json) is data that anyone
-who can write the directory chooses; signalling it can kill any process of this user (issue 23). The
+who can write the directory chooses; signalling it can kill any process of this user (docs/security.md "A run directory is data, never authority"). The
 kernel's lock table (/proc/locks, Linux) names the process holding an flock on a file. `holder` returns it
 only when the file is a plain file (not a symlink, one link: not a name for another program's lock file)
 and the process's command line is the one this package starts (`python -m vapo_engine.trainer RUN_DIR`,

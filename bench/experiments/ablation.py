@@ -1,4 +1,4 @@
-"""Ablation: full VAPO and every "w/o X" variant of docs/design.md §3, plus PPO / GRPO / DAPO baselines (issue 8, bench 3).
+"""Ablation: full VAPO and every "w/o X" variant of docs/design.md §3, plus PPO / GRPO / DAPO baselines (docs/results.md, the paired ablation).
 
 Same built-in tiny model, task, sample budget and seeds for every row; a variant is the cpu-demo recipe plus
 its overrides from vapo_engine.variants. The table is shaped like the paper's ablation (AIME 2024 avg@32,

@@ -1,4 +1,4 @@
-"""Provider samples in training (issue 12): does replaying a stronger model's correct answers speed RL up?
+"""Provider samples in training (docs/design.md §8, docs/results.md): does replaying a stronger model's correct answers speed RL up?
 
 1. Train run A (cpu-demo preset, `--steps-a` policy steps) from the built-in addition model.
 2. Serve A's newest checkpoint with `vapo-mcp serve-model` (a separate process on 127.0.0.1) and point a

@@ -1,4 +1,4 @@
-"""Our GRPO and VAPO next to TRL's GRPOTrainer: seconds per optimizer step and wall time to +N points (issue 13).
+"""Our GRPO and VAPO next to TRL's GRPOTrainer: seconds per optimizer step and wall time to +N points (docs/results.md "Next to TRL's GRPOTrainer").
 
 One run each, one after the other in this process: TRL GRPO (`trl.GRPOTrainer`), our GRPO and our VAPO (the `grpo`
 and `vapo` variants of vapo_engine.variants, ordinary in-process runs as in bench/lib/runs.py). Needs the optional

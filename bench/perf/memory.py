@@ -1,4 +1,4 @@
-"""Memory per rank of one VAPO rollout step: DDP vs FSDP2 vs LoRA on 2 CPU processes (gloo) (issue 14).
+"""Memory per rank of one VAPO rollout step: DDP vs FSDP2 vs LoRA on 2 CPU processes (gloo) (docs/scale-out.md, docs/results.md "Memory per rank").
 
 One random-init Qwen2 with the built-in char tokenizer (default hidden 768, 8 layers ≈ 75 M parameters, so
 weights and optimizer states dwarf the activations of a tiny batch: 4 responses of ≤ 8 tokens), one run

@@ -1,5 +1,5 @@
 """`list_runs` / `run_status` on a long run: milliseconds per call for a run whose metrics.jsonl holds 50,000
-records (issue 23: both used to parse the whole file, ~0.5 s per 5,000-step run on every call; now the last
+records (docs/security.md: parsers are bounded; both used to parse the whole file, ~0.5 s per 5,000-step run on every call; now the last
 train and eval records are read from the end of the file, `vapo_engine.metrics.latest`).
 
 Reported: the median and worst wall time of `repeats` calls each, first with the file as written (the first

@@ -1,5 +1,5 @@
 """The secret scrubber on megabytes of adversarial text: CPU seconds per call, and the ratio between 2 MB and
-1 MB (linear ≈ 2; the quadratic patterns it replaced gave 4, and took 4 s for 24 kB of "sk-", issue 23).
+1 MB (linear ≈ 2; the quadratic patterns it replaced gave 4, and took 4 s for 24 kB of "sk-"; docs/security.md "What holds for every caller").
 
 Each input repeats one piece that starts a credential-shaped match and then breaks it ("sk-", "key=", "a:b@",
 …), so every start is a near miss. Three calls each: `scrub` without a known key, `scrub` with a known key

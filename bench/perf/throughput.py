@@ -1,4 +1,4 @@
-"""Throughput of one VAPO rollout step with the built-in policy + value models on this machine (issue 8, bench 1).
+"""Throughput of one VAPO rollout step with the built-in policy + value models on this machine (docs/results.md "Throughput of one VAPO step").
 
 Measures in one run: (1) the machine's matmul peak (torch.matmul, fp32 and bf16, square sizes 256–2048, plus
 one matmul of the model's own MLP shape), (2) for each dtype setting, full VAPO rollout steps of the cpu-demo

@@ -2,7 +2,7 @@
 `strip_url_credentials` (docs/design.md §7: scrubbing, like every parser of untrusted text, is linear and bounded).
 
 A regex such as `sk-(?:[a-z0-9]+-)*[a-z0-9]{12,}` is retried at each of the 350,000 starts of `"sk-"*350000`,
-and each try scans to the end before it fails: minutes for 1 MB (issue 23). Here a search only looks for
+and each try scans to the end before it fails: minutes for 1 MB (docs/security.md "What holds for every caller"). Here a search only looks for
 where a match *starts* (a pattern that decides that within `reach` characters), and the match's extent is
 then read once with a possessive run; whatever a match needs to know about the rest of its run (a key's last
 long segment, a digit in a value, the `@` after a password) is decided from that one read, never by retrying

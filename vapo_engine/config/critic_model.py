@@ -1,4 +1,4 @@
-"""config.toml [critic]: a value model smaller than the policy, to trade critic capacity for speed (issue 24).
+"""config.toml [critic]: a value model smaller than the policy, to trade critic capacity for speed (docs/design.md §3.8).
 
 By default the critic is the policy's architecture at full size with a scalar head (or `model.value_path`'s
 model). `[critic]` makes it smaller in one of two ways, sharing the policy's tokenizer either way (the critic

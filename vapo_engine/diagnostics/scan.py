@@ -31,7 +31,6 @@ _KEY_ASSIGN = re.compile(r"(?i)\b(api_?key|secret_?key|access_?token|auth_?token
 _FAKE = re.compile(r"(?i)x{4,}|\.{3}|\*{3}|your|example|dummy|canary|placeholder|test|fake|redacted|changeme|<|\{")
 _ENV_FIELD = re.compile(r"(?i)(api_?key_?env|key_?env|token_?env|env_?name)$")
 _KEYISH_NAME = re.compile(r"(?i)(api[_-]?key|^key$|token|secret|authorization|bearer)")
-_ENV_READERS = {"getenv", "get", "environ", "__getitem__"}
 
 
 def iter_files(root: Path) -> list[Path]:

@@ -17,7 +17,6 @@ MEMORY_RECORD = Path(__file__).resolve().parents[2] / "bench" / "results" / "mem
 FALLBACK_BPP = 16.0
 """Bytes per trained parameter when the record is absent: fp32 weights (4) + gradients (4) + AdamW states (8)."""
 LLAMA_SHAPED = {"qwen2", "qwen3", "llama", "mistral"}
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)

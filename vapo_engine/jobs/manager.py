@@ -10,7 +10,7 @@ registry; the worker holds the run directory's writer lock for its whole life (`
 `recover()` uses both, so a dead supervisor never makes a live worker look dead, and nothing starts a second
 writer while the lock is held.
 
-A run directory is data, never authority (issue 23). Signals go only to the process the kernel names as the
+A run directory is data, never authority (docs/security.md "A run directory is data, never authority"). Signals go only to the process the kernel names as the
 holder of the run's lock, when its command line is the supervisor or trainer of that run (`proclocks`) —
 never to a pid, process group or start time read from state.json or worker.json. The worker's settings are
 this server's (`settings_path`, passed in the environment as `SETTINGS_ENV`), never a path from run.json.

@@ -4,7 +4,7 @@ A run directory keeps every attempt's record in state.json (mirrored by the regi
 directories from before that mirror have only run.json and, when the worker finished, summary.json: their
 one record is derived from those (and from the writer lock, when a worker is still writing).
 
-Run directories are data, never authority (issue 23): whoever can write one chooses what its files say. So a
+Run directories are data, never authority (docs/security.md "A run directory is data, never authority"): whoever can write one chooses what its files say. So a
 record is indexed only when it is well-formed (every field of the right type) and claims its own directory's
 id — the directory `<experiment>/<R>/` may hold attempts `R`, `R-r1`, `R-r2`, … and nothing else — and only
 when no other directory claims that id too. Anything else is skipped with a reason (`index_run_dirs`), so

@@ -5,7 +5,7 @@ two cores then keep four threads busy-waiting against each other, and a step bec
 worker therefore gets `cores // (processes per run × concurrent runs)` threads (at least 1). Waiting threads
 yield (`OMP_WAIT_POLICY=PASSIVE`) only where processes can share cores: more than one concurrent run allowed
 (`VAPO_MCP_MAX_CONCURRENT` > 1), or more threads in all than cores. A run that has the cores to itself keeps
-OpenMP's default (spinning) wait: passive waiting made a run alone 1.5–2× slower per step (issue 24). A value
+OpenMP's default (spinning) wait: passive waiting made a run alone 1.5–2× slower per step (docs/experiments.md "How a number is produced"). A value
 the user set in the environment always wins.
 """
 from __future__ import annotations

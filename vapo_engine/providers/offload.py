@@ -1,4 +1,4 @@
-"""Scrubbing a large server response away from the event loop that received it (issue 23).
+"""Scrubbing a large server response away from the event loop that received it (docs/security.md "What holds for every caller").
 
 A megabyte of text takes up to a second of CPU to scrub (linear: `vapo_engine.config.credentials`). Done on
 the event loop, that stalls every other request of the MCP server — /health included — for as long; done in

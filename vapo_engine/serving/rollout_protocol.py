@@ -57,7 +57,6 @@ PROTOCOL_VERSION = 1
 LOG_PROB_SEMANTICS = "log_softmax(logits / temperature) over the full vocabulary"
 MAX_N = 256
 MAX_STOP_IDS = 64
-FINISH_REASONS = ("stop", "length", "abort")
 ROUTES_TEXT = ("POST /rollout/generate, POST /rollout/abort, POST /rollout/pause, POST /rollout/resume, "
                "POST /rollout/load_weights, GET /rollout/info")
 

@@ -7,14 +7,14 @@ three, so the recipe reads the same in all of them:
 | gradients | – | one SUM all-reduce per optimizer step | reduce-scattered by FSDP2 in the backward |
 | saving | writes a plain checkpoint | rank 0 writes it, the others wait | every rank writes its shards |
 | evaluation | evaluates | rank 0 evaluates, the others wait | every rank scores a slice |
-| an optional forward (replay NLL) | when it has rows | when this rank has rows | when any rank has rows |
+| an optional forward (`lock_step`) | when it has one | when this rank has one | when any rank has one |
 | stop vote | its own flag | any rank's flag | any rank's flag |
 | metrics | as they are | combined per name by the catalogue's rule (`vapo_engine.metrics.COMBINE`) | the same |
 
 Under fsdp every forward of a sharded model is a collective, so the ranks must run as many forwards as each
-other (lock-step): evaluation runs on every rank, and a rank without replayed rows still runs the replay pass
-(with weight 0). Token-budget micro-batching pads every rank to the busiest rank's count (`max_int`) in all
-three. Every rank ends with rank 0's evaluation and the combined metrics.
+other (lock-step): evaluation runs on every rank, and token-budget micro-batching pads every rank to the busiest
+rank's count (`max_int`) in all three. Replayed positives ride in the actor's micro-batches (update.py), so no
+rank runs a pass the others skip. Every rank ends with rank 0's evaluation and the combined metrics.
 """
 from __future__ import annotations
 
@@ -71,8 +71,10 @@ class Parallel:
         return self.world.max_int(n)
 
     def lock_step(self, mine: bool) -> bool:
-        """Whether this rank runs an optional forward pass: when it has one to run (`mine`), or under fsdp when
-        any rank has one (the caller then runs a pass with weight 0)."""
+        """Whether this rank must run an optional forward pass: when it has one to run (`mine`), or under fsdp when
+        any rank has one (a rank with nothing to run then runs the pass on empty input, so the collectives match).
+        No pass of the recipe is optional today — replayed positives ride in the actor's micro-batches — so only
+        a new optional pass asks this."""
         return self.world.max_int(int(mine)) > 0 if self.sharded else mine
 
     def sync_gradients(self, model: torch.nn.Module | None) -> None:
