@@ -8,6 +8,12 @@ Valid start_training / ablate calls do happen (and make real run directories), b
 manager's only slot (tests.mcp_helpers.slot_held), so they stay queued and no trainer process starts; they are
 stopped at the end, and the test checks that none ever ran.
 
+`test_fuzz_tasks_resources_and_prompts` sends the other requests an MCP client can make — tasks/get, tasks/cancel,
+tasks/result, tasks/list (both protocol forms), resources/read, resources/subscribe and /unsubscribe, prompts/get,
+and methods the server does not have — with hostile ids, URIs, names and arguments, the channel's key (known only
+by value) and credential-shaped text among them: no answer is JSON-RPC error code 0 or an internal error, none
+shows a traceback or the key, and the server logs no traceback and no key (server/scrubbing.py).
+
 `test_fuzz_run_directory_json` does the same to the run directories (docs/security.md "A run directory is data, never authority"): each round mutates one file of
 a run directory (a field set to junk, another type, a torn or deeply nested document, an attempt claiming
 another id, invalid UTF-8, an empty file), sometimes deletes the registry so it is rebuilt from them, then calls
@@ -21,6 +27,7 @@ import re
 
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from tests.fake_openai import CANARY, FakeOpenAI
 from tests.mcp_helpers import LEAKS, names_a_fix, project, slot_held, text
@@ -28,10 +35,12 @@ from tests.mcp_helpers import LEAKS, names_a_fix, project, slot_held, text
 pytestmark = pytest.mark.anyio
 SEED, CALLS_STDIO, CALLS_HTTP = 20251201, 260, 120
 PASTED_KEY = "sk-proj-" + "A1b2" * 8
+VALUE_KEY = "Qm7tX2vK9pL4wR8nB3jH6cD1fG5s"
+"""The channel's key in the fuzz: no recognisable shape, so only its value tells it is the key."""
 
 JUNK = [None, True, False, 0, -1, 1, 7, 10**12, -(10**12), 3.5, "", " ", "x" * 5000, "../../../../etc/passwd",
         "a\x00b", "ünï\u202ecødé", PASTED_KEY, "[1, 2]", '{"a": 1}', "true", "-5", "${HOME}",
-        "'; DROP TABLE runs; --", [], [1, "a", None], {}, {"a": {"b": [1]}}, ["x"] * 60]
+        "'; DROP TABLE runs; --", [], [1, "a", None], {}, {"a": {"b": [1]}}, ["x"] * 60, VALUE_KEY, CANARY]
 OVERRIDES = ["vapo.alpha=0.5", "training.total_steps=3", "vapo.alpah=1", "vapo.alpha=-1", "training.batch_size=60",
              "noequals", "=", "a..b=1", "distributed.nnodes=2", "distributed.rdzv_endpoint=0.0.0.0:1",
              "distributed.nproc_per_node=2", 'model.local_path="/etc"', 'data.data_dir="/"',
@@ -100,7 +109,7 @@ def _call(rng: random.Random, schemas: dict, pools: dict) -> tuple[str, dict]:
 
 def _check(tool: str, args: dict, res) -> None:
     msg = text(res)
-    assert CANARY not in msg and PASTED_KEY not in msg, (tool, args, msg[:800])
+    assert CANARY not in msg and PASTED_KEY not in msg and VALUE_KEY not in msg, (tool, args, msg[:800])
     assert not any(leak in msg for leak in LEAKS), (tool, args, msg[:800])
     if res.is_error:
         assert not re.fullmatch(r"Error executing tool \w+", msg.strip()), (tool, args, msg)  # a crash
@@ -128,7 +137,9 @@ async def _fuzz(server, rng: random.Random, calls: int, ws, keep_slot) -> tuple[
     return errors, len(set(run_ids))
 
 
-async def test_fuzz_every_tool(tmp_path, monkeypatch):
+async def test_fuzz_every_tool(tmp_path, monkeypatch, caplog):
+    import logging
+
     from server.app import build_server
     from tools.access import Policy
     from tools.paths import files, manager_for
@@ -138,7 +149,9 @@ async def test_fuzz_every_tool(tmp_path, monkeypatch):
     (ws / "src").mkdir()
     (ws / "src" / "client.py").write_text("import os\nkey = os.environ['TAOTOKEN_API_KEY']\n")
     rng = random.Random(SEED)
-    with FakeOpenAI(key=CANARY) as fake, slot_held(ws / "logs") as keep_slot:
+    monkeypatch.setenv("TAOTOKEN_API_KEY", VALUE_KEY)
+    caplog.set_level(logging.INFO)
+    with FakeOpenAI(key=VALUE_KEY) as fake, slot_held(ws / "logs") as keep_slot:
         monkeypatch.setenv("TAOTOKEN_BASE_URL", fake.base_url)
         local = await _fuzz(build_server(Policy("stdio")), rng, CALLS_STDIO, ws, keep_slot)
         remote = await _fuzz(build_server(Policy("http")), rng, CALLS_HTTP, ws, keep_slot)
@@ -147,6 +160,8 @@ async def test_fuzz_every_tool(tmp_path, monkeypatch):
     assert local[0] > CALLS_STDIO // 3 and remote[0] > CALLS_HTTP // 3  # the fuzz reaches the error paths
     assert local[1] + remote[1] > 0  # ... and some valid starts
     assert set(states.values()) <= {"queued", "stopped"}, states  # no trainer ever ran
+    logged = [r.getMessage() + (r.exc_text or "") for r in caplog.records]
+    assert not [m for m in logged if VALUE_KEY in m or CANARY in m or PASTED_KEY in m]
 
 
 # --- run-directory JSON: whoever can write a run directory chooses what its files say ---------------------------
@@ -255,3 +270,74 @@ async def test_fuzz_run_directory_json(tmp_path, monkeypatch):
     finally:
         bystander.kill()
     assert local + remote > (MUTATIONS_STDIO + MUTATIONS_HTTP) // 5  # the fuzz reaches the error paths
+
+
+# --- tasks, resources, prompts and unknown methods ------------------------------------------------------------------
+REQUESTS_2025, REQUESTS_2026 = 160, 60
+SECRETS = (VALUE_KEY, CANARY, PASTED_KEY)
+
+
+def _hostile(rng: random.Random, real: list[str]) -> str:
+    junk = [s for s in JUNK if isinstance(s, str)]
+    return rng.choice([*real, *junk, *SECRETS, f"task-{VALUE_KEY}", "x" * 100_000, "a/b", "%2e%2e", "\ud800",
+                       f"abl-{CANARY}", rng.choice(real or ["x"]) + "/../../etc"])
+
+
+def _request(rng: random.Random, legacy: bool, real: list[str]) -> tuple[str, dict]:
+    ids = real + ["20990101-000000-abcdef", "abl-00000000", "task-0123"]
+    uri = rng.choice(["vapo://runs", *(f"vapo://runs/{r}{p}" for r in real for p in ("", "/log", "/config")),
+                      f"vapo://runs/{_hostile(rng, ids)}", f"vapo://{_hostile(rng, [])}", "file:///etc/passwd",
+                      "vapo://runs/" + "y" * 3_000_000])
+    prompt = rng.choice(["diagnose_api_error", "train_and_watch", "compare_checkpoints", _hostile(rng, [])])
+    args = {rng.choice(["error", "status", "model_path", "preset", "steps", "benchmark", "checkpoint_a",
+                        "checkpoint_b", "num_problems", _hostile(rng, [])]): _hostile(rng, ids)
+            for _ in range(rng.randint(0, 4))}
+    choices = [("tasks/get", {"taskId": _hostile(rng, ids)}), ("tasks/cancel", {"taskId": _hostile(rng, ids)}),
+               ("tasks/list", {}), ("resources/read", {"uri": uri}), ("prompts/get", {"name": prompt, "arguments": args}),
+               (f"no/such/{rng.choice(SECRETS)}", {}), ("tasks/get", {"taskId": 7})]
+    if legacy:
+        choices += [("resources/subscribe", {"uri": uri}), ("resources/unsubscribe", {"uri": uri}),
+                    ("tasks/result", {"taskId": rng.choice(["task-0123", "nope", *SECRETS])})]
+    return rng.choice(choices)
+
+
+async def _fuzz_requests(server, rng: random.Random, n: int, legacy: bool, real: list[str]) -> int:
+    from tests.task_client import Tasks
+    errors = 0
+    async with Client(server, **({"mode": "legacy"} if legacy else {"extensions": [Tasks()]})) as c:
+        for _ in range(n):
+            method, params = _request(rng, legacy, real)
+            data: dict = {"method": method, "params": params}
+            opts: dict = {}
+            c.session._stamp(data, opts)
+            try:
+                shown = json.dumps(await c.session._dispatcher.send_raw_request(method, data["params"], opts))
+            except MCPError as e:
+                errors += 1
+                assert e.error.code not in (0, -32603), (method, str(params)[:300], e.error)
+                shown = json.dumps(e.error.model_dump(mode="json"))
+            assert not [k for k in SECRETS if k in shown], (method, str(params)[:300], shown[:500])
+            assert not any(leak in shown for leak in LEAKS), (method, shown[:500])
+        assert not (await c.call_tool("list_runs", {})).is_error  # the session survived everything
+    return errors
+
+
+async def test_fuzz_tasks_resources_and_prompts(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from server.app import build_server
+    ws = project(tmp_path, monkeypatch)
+    monkeypatch.setenv("TAOTOKEN_API_KEY", VALUE_KEY)
+    caplog.set_level(logging.INFO)
+    rng = random.Random(SEED + 2)
+    with slot_held(ws / "logs"):
+        async with Client(build_server()) as c:
+            real = [(await c.call_tool("start_training", {"preset": "cpu-demo"})).structured_content["run"]["run_id"],
+                    (await c.call_tool("ablate", {"preset": "cpu-demo", "variants": ["vapo"]})).structured_content[
+                        "ablation_id"]]
+        errors = await _fuzz_requests(build_server(), rng, REQUESTS_2025, True, real)
+        errors += await _fuzz_requests(build_server(), rng, REQUESTS_2026, False, real)
+    assert errors > (REQUESTS_2025 + REQUESTS_2026) // 3  # the fuzz reaches the error paths
+    logged = [r.getMessage() + (r.exc_text or "") for r in caplog.records]
+    assert not [m for m in logged if any(k in m for k in SECRETS)], [m[:300] for m in logged if VALUE_KEY in m]
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
