@@ -41,14 +41,15 @@ FOREIGN_HOST = (b'{"error": "the Host or Origin header does not name this server
 
 class HostCheck:
     """Pure ASGI middleware: the Host header (and the Origin header, when sent) must be well-formed — no userinfo,
-    a numeric port — and name this server (421 otherwise). The SDK's own check matches `name:*` by prefix, so it
-    took `Host: 127.0.0.1:1@evil.com`."""
+    a numeric port — and name this server (421 otherwise); /health answers any Host (a monitor may use the
+    address). The SDK's own check matches `name:*` by prefix, so it took `Host: 127.0.0.1:1@evil.com`."""
 
-    def __init__(self, app, allowed: frozenset[str]):
-        self.app, self.allowed = app, allowed
+    def __init__(self, app, allowed: frozenset[str] | None, open_paths: tuple[str, ...] = ("/health",)):
+        self.app, self.allowed, self.open_paths = app, allowed, open_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or host_allowed(scope, self.allowed, origin=True):
+        if scope["type"] != "http" or scope.get("path") in self.open_paths \
+                or host_allowed(scope, self.allowed, origin=True):
             return await self.app(scope, receive, send)
         await send({"type": "http.response.start", "status": 421,
                     "headers": [(b"content-type", b"application/json")]})

@@ -40,7 +40,7 @@ class EvalBudget(ToolInputError):
     """The call would send more channel requests than the server's budget has left."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Reservation:
     planned: int
     sent: int = 0
