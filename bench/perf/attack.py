@@ -267,7 +267,7 @@ def fifo_weights(tmp: Path) -> dict:
             try:
                 r = httpx.post(url + "/rollout/load_weights", json={"path": str(root / "fifo"), "version": 1},
                                timeout=20)
-                out.update(load_weights_status=r.status_code, load_weights_error=r.json()["error"]["code"])
+                out.update(load_weights_status=r.status_code, load_weights_error=r.json()["error"]["message"][:120])
             except httpx.HTTPError as e:
                 out.update(load_weights_status=None, load_weights_error=type(e).__name__)
             out["load_weights_ms"] = round((time.monotonic() - t0) * 1000, 1)
