@@ -1,9 +1,10 @@
 """The attack shapes of docs/security.md "Bounds", against real servers on loopback, with the server's memory and
 `/health` latency recorded throughout (nothing here asserts; the tests check each bound in seconds):
 
-1. evaluate flood: 30 task-augmented `evaluate` calls (1000 problems × 16 samples each, the tool's caps) to a
-   `vapo-mcp serve --http` process whose channel is a stub provider on loopback (answers after 50 ms); how many
-   are accepted, how fast, the requests the provider sees and how many at once, then all cancelled.
+1. evaluate floods: 30 task-augmented `evaluate` calls to a `vapo-mcp serve --http` process whose channel is a
+   stub provider on loopback (answers after 50 ms) — at the tool's caps (1000 problems × 16 samples: the request
+   budget refuses all but one), then small ones (40 × 5: the bound on evaluations at once refuses 20); how fast
+   they are answered, how they end, the requests the provider sees and how many at once, then all cancelled.
 2. subscription flood: 300 `resources/subscribe` of 3.5 MB URIs, then 300 of a real run's URIs beyond the
    per-connection bound, then the session deleted.
 3. half-open connections: 256 connections that never send a byte; /health and a client with the token meanwhile.
@@ -38,6 +39,8 @@ from bench.lib.records import REPO, load_avg, write_record
 
 TOKEN = "attack-bench-token-" + "z" * 24
 EVAL = {"benchmark": "builtin:addition", "num_problems": 1000, "samples_per_problem": 16, "timeout_seconds": 3600}
+SMALL_EVAL = {**EVAL, "num_problems": 40, "samples_per_problem": 4}
+"""200 requests each: 30 of them fit the request budget, so the bound on evaluations at once is what refuses."""
 
 
 # --- a stub provider: an OpenAI-style chat endpoint that answers after a delay -------------------------------------
@@ -61,13 +64,17 @@ class _Provider(BaseHTTPRequestHandler):
         body = json.dumps({"id": "x", "object": "chat.completion", "model": "qwen-32b", "choices": [{
             "index": 0, "message": {"role": "assistant", "content": "The answer is 42."}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        with LOCK:
-            SEEN[1] -= 1
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the evaluation was cancelled: its client hung up
+            pass
+        finally:
+            with LOCK:
+                SEEN[1] -= 1
 
 
 # --- probes ----------------------------------------------------------------------------------------------------
@@ -172,27 +179,31 @@ class Session:
 
 
 # --- the phases ------------------------------------------------------------------------------------------------
-def evaluate_flood(url: str, pid: int) -> dict:
+def evaluate_flood(url: str, pid: int, arguments: dict) -> dict:
+    """30 task-augmented evaluate calls with `arguments`; 10 s later every accepted one is cancelled."""
     s = Session(url)
-    seen = SEEN
-    seen[:] = [0, 0, 0]
+    SEEN[:] = [0, 0, 0]
     with watched(pid, url + "/health") as out:
         t0 = time.monotonic()
-        answers = [s.call("tools/call", {"name": "evaluate", "arguments": EVAL, "task": {"ttl": 600000}})
+        answers = [s.call("tools/call", {"name": "evaluate", "arguments": arguments, "task": {"ttl": 600000}})
                    for _ in range(30)]
         out["accept_s"] = round(time.monotonic() - t0, 2)
         tasks = [a["result"]["task"]["taskId"] for a in answers if "task" in a.get("result", {})]
-        out.update(calls=30, accepted=len(tasks), refused=30 - len(tasks))
+        out.update(arguments=arguments, calls=30, tasks_created=len(tasks), refused_at_call=30 - len(tasks))
         time.sleep(10)
-        out.update(provider_requests_10s=seen[0], provider_max_in_flight=seen[2])
-        for t in tasks:
-            s.call("tasks/cancel", {"taskId": t})
+        out.update(provider_requests_10s=SEEN[0], provider_max_in_flight=SEEN[2])
+        ended = [s.call("tasks/get", {"taskId": t}).get("result", {}) for t in tasks]
+        out["refused_by_budget"] = sum(e.get("status") == "completed" and "budget" in json.dumps(
+            s.call("tasks/result", {"taskId": t})) for e, t in zip(ended, tasks))
+        for t, e in zip(tasks, ended):
+            if e.get("status") == "working":
+                s.call("tasks/cancel", {"taskId": t})
         time.sleep(1)
-        sent = seen[0]
+        sent = SEEN[0]
         time.sleep(3)
-        out["provider_requests_after_cancel"] = seen[0] - sent
+        out["provider_requests_after_cancel"] = SEEN[0] - sent
         states = [s.call("tasks/get", {"taskId": t}).get("result", {}).get("status") for t in tasks]
-        out["tasks_cancelled"] = sum(st == "cancelled" for st in states)
+        out["final_states"] = {st: states.count(st) for st in sorted(set(map(str, states)))}
     s.close()
     return out
 
@@ -306,7 +317,8 @@ def main() -> None:
         proc, url = start_mcp(ws, provider_url)
         try:
             phases = {"idle_rss_mb": rss_mb(proc.pid)}
-            for name, fn in (("evaluate_flood", lambda: evaluate_flood(url, proc.pid)),
+            for name, fn in (("evaluate_flood_at_the_caps", lambda: evaluate_flood(url, proc.pid, EVAL)),
+                             ("evaluate_flood_small", lambda: evaluate_flood(url, proc.pid, SMALL_EVAL)),
                              ("subscription_flood", lambda: subscription_flood(url, proc.pid, run_ids, args.sub_mb)),
                              ("half_open_connections", lambda: half_open(url, proc.pid))):
                 phases[name] = fn()
