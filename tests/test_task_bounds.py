@@ -74,8 +74,15 @@ async def _one_done(session, task_ids: list[str]) -> tuple[dict, str]:
 
 
 def _eval_workers() -> list[psutil.Process]:
-    return [p for p in psutil.Process(os.getpid()).children(recursive=True)
-            if "vapo_engine.serving.local_eval" in " ".join(p.cmdline())]
+    """This process's local evaluation workers that are alive (a zombie of an earlier test is not one)."""
+    out = []
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "vapo_engine.serving.local_eval" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:  # gone, or a zombie, meanwhile
+            pass
+    return out
 
 
 async def test_cancelling_a_local_evaluation_stops_its_worker(proj, model_dir):
