@@ -1,4 +1,4 @@
-"""GGUF as input (issue 36): every way a GGUF input can be unusable is one clear error and leaves nothing
+"""GGUF as input (docs/training.md "A real model offline: GGUF files and SmolLM2-135M-Instruct"): every way a GGUF input can be unusable is one clear error and leaves nothing
 half-written in the cache — a non-GGUF file, a truncated one, an architecture or quantization transformers cannot
 read, a missing wheel, too little disk, a conversion that fails midway — and the CLI entry points that take a model
 (`serve-model`, `eval --model-dir`, `config check` with model.local_path) say so in one line. Real files written

