@@ -76,8 +76,8 @@ def evaluate(models, task, *, num_problems: int, samples_per_problem: int, max_n
             gen, scores, valid = mine
             ro = from_generation(gen, scores, models.device, temperature=temperature)
             if valid < ro.size:  # padding rows keep their place (lock-step forwards) but count for nothing
-                ro = replace(ro, response_mask=ro.response_mask * (torch.arange(ro.size) < valid).to(
-                    ro.response_mask)[:, None])
+                keep = (torch.arange(ro.size) < valid).to(ro.response_mask)[:, None]
+                ro = replace(ro, response_mask=ro.response_mask * keep, loss_mask=ro.loss_mask * keep)
             out |= on_sampled(ro, split.sum if split else (lambda t: t))
     return out
 

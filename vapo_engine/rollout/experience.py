@@ -2,8 +2,15 @@
 
 Alignment: the sequence is [left-padded prompt (P) | right-padded response (R)]. The log-prob of response
 token t comes from the logits at position P−1+t; V(s_t) is the value head at the same position (the state
-*before* token t), i.e. `values[:, P-1:L-1]`. The sequence reward sits on the last valid response token (EOS
-included when generated), never on padding. Does not compute advantages or update.
+*before* token t), i.e. `values[:, P-1:L-1]`. Does not compute advantages or update.
+
+Extent and loss mask. `response_mask` is the response's extent: 1 for every token of the episode (what the policy
+wrote and, in a multi-turn episode, what the environment inserted: tool results, rollout/episodes.py), 0 for the
+right padding; it sizes the sequence (attention, trimming, the token budget of micro-batches). `loss_mask` is 1
+only where the policy wrote the token: those tokens learn (policy loss, positive NLL, KL, value loss, entropy)
+and are the steps of GAE; inserted tokens are the environment's transition between two policy tokens
+(docs/design.md §3.2). In a single-turn rollout the two are the same tensor. The sequence reward sits on the last
+token the policy wrote (EOS included when generated), never on padding or on an inserted token.
 
 Temperature: every policy log-prob and entropy here (old, new, reference, positive-example NLL) is of
 log-softmax(logits / T) over the full vocabulary, T = `Rollout.temperature`, the temperature the tokens were
@@ -48,6 +55,9 @@ class Rollout:
     sampler_log_probs: torch.Tensor | None = None  # (N, R) the sampler's own log-probs, when asked for
     finished: torch.Tensor | None = None        # (N,) bool: the response ended with EOS (False: max_new_tokens)
     is_weights: torch.Tensor | None = None      # (N, R) importance weights of the PG loss (algo/mismatch.py)
+    loss_mask: torch.Tensor | None = None
+    """(N, R) float, 1 where the policy wrote the token (it learns), 0 where the environment inserted it (a tool's
+    result) and on padding; never 1 outside `response_mask`. None at construction = `response_mask` (single turn)."""
     weight_version: int | None = None
     """The version of the policy weights that sampled these (rollout steps whose updates they had taken,
     `trainer.offpolicy`, the tag a remote backend's weights were pushed with); None = not known."""
@@ -57,6 +67,10 @@ class Rollout:
     """Seconds spent on their old outputs after sampling (values, reference / old log-probs: trainer/batches.py)."""
     temperature: float = 1.0
     """Softmax temperature of the policy log-probs and entropies (the sampling temperature; 1.0 if greedy)."""
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask
 
     @property
     def size(self) -> int:
@@ -112,12 +126,21 @@ def position_ids_from(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def place_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(N,) scores → (N, R) token rewards on the last valid token of each row (0 for empty rows)."""
-    rewards = torch.zeros_like(response_mask, dtype=torch.float32)
-    lengths = response_lengths(response_mask)
-    rows = torch.nonzero(lengths > 0).squeeze(-1)
-    rewards[rows, lengths[rows] - 1] = scores[rows].float()
+def last_valid(mask: torch.Tensor) -> torch.Tensor:
+    """(N,) column of the last non-zero entry of each row of `mask` (N, R); −1 for an empty row. With a right-padded
+    mask, its length − 1; with a loss mask, the last token the policy wrote."""
+    ones = mask.ne(0).long()
+    return (ones * torch.arange(1, mask.shape[1] + 1, device=mask.device)).max(dim=1).values - 1 \
+        if mask.shape[1] else torch.full((mask.shape[0],), -1, dtype=torch.long, device=mask.device)
+
+
+def place_rewards(scores: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """(N,) scores → (N, R) token rewards on the last token of each row that the policy wrote (the last valid
+    token of a single-turn response; 0 for empty rows)."""
+    rewards = torch.zeros_like(loss_mask, dtype=torch.float32)
+    last = last_valid(loss_mask)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    rewards[rows, last[rows]] = scores[rows].float()
     return rewards
 
 
@@ -126,24 +149,30 @@ def logprob_temperature(temperature: float) -> float:
     return float(temperature) if temperature > 0 else 1.0
 
 
-def from_token_ids(pairs: list[tuple[list[int], list[int]]], pad_id: int, device,
-                   temperature: float = 1.0) -> Rollout:
-    """A scored-as-correct Rollout from (prompt ids, response ids) pairs (e.g. replayed positives), whose
-    log-probs are taken at `temperature` (the run's sampling temperature)."""
-    p_len = max(len(p) for p, _ in pairs)
-    r_len = max(len(r) for _, r in pairs)
+def from_token_ids(pairs: list[tuple], pad_id: int, device, temperature: float = 1.0) -> Rollout:
+    """A scored-as-correct Rollout from (prompt ids, response ids) pairs (e.g. replayed positives), or (prompt ids,
+    response ids, loss mask) triples (a multi-turn episode, whose inserted tokens do not learn), whose log-probs
+    are taken at `temperature` (the run's sampling temperature)."""
+    p_len = max(len(it[0]) for it in pairs)
+    r_len = max(len(it[1]) for it in pairs)
     n = len(pairs)
     ids = torch.full((n, p_len + r_len), pad_id, dtype=torch.long)
     attn = torch.zeros((n, p_len + r_len), dtype=torch.long)
-    for i, (p, r) in enumerate(pairs):
+    for i, (p, r, *_) in enumerate(pairs):
         ids[i, p_len - len(p):p_len] = torch.tensor(p)
         ids[i, p_len:p_len + len(r)] = torch.tensor(r)
         attn[i, p_len - len(p):p_len + len(r)] = 1
     resp_mask = attn[:, p_len:].float()
+    loss_mask = resp_mask
+    if any(len(it) > 2 for it in pairs):
+        loss_mask = resp_mask.clone()
+        for i, it in enumerate(pairs):
+            if len(it) > 2:
+                loss_mask[i, :len(it[1])] = torch.tensor(it[2], dtype=torch.float32)
     ones = torch.ones(n)
     return Rollout(ids.to(device), attn.to(device), position_ids_from(attn).to(device), resp_mask.to(device),
-                   ones.to(device), ones.bool().to(device), place_rewards(ones, resp_mask).to(device), p_len,
-                   [""] * n, temperature=logprob_temperature(temperature))
+                   ones.to(device), ones.bool().to(device), place_rewards(ones, loss_mask).to(device), p_len,
+                   [""] * n, temperature=logprob_temperature(temperature), loss_mask=loss_mask.to(device))
 
 
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
@@ -171,15 +200,16 @@ def from_generation(gen, scores: list[float], device, *, temperature: float, gen
     def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(dev)
     resp_mask = gen.response_mask.float()
+    loss_mask = resp_mask if gen.loss_mask is None else gen.loss_mask.float()
     input_ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1)
     attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
-                   scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, resp_mask).to(dev),
+                   scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, loss_mask).to(dev),
                    gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=on_device(gen.log_probs),
                    old_log_probs=on_device(gen.policy_log_probs), entropy=on_device(gen.entropy),
                    finished=gen.finished.to(dev), gen_seconds=gen_seconds,
                    temperature=logprob_temperature(temperature),
-                   weight_version=gen.weight_version)
+                   weight_version=gen.weight_version, loss_mask=None if gen.loss_mask is None else loss_mask.to(dev))
 
 
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):

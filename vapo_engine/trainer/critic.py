@@ -64,10 +64,10 @@ def mc_explained_var(ro, reduce_sum: SumRanks, group_size: int = 1, name: str = 
     if ro.values is None:
         return {}
     mc = monte_carlo_returns(ro).returns
-    st = reduce_sum(ev_stats(ro.values, mc, ro.response_mask))
+    st = reduce_sum(ev_stats(ro.values, mc, ro.loss_mask))
     ev, n = float(ev_from_stats(st)), float(st[0].clamp(min=1))
     var = float(st[2] / n - (st[1] / n) ** 2)
-    within = within_explained_var(f"{name}_within_prompt", ro.values, mc, ro.response_mask, group_size, reduce_sum)
+    within = within_explained_var(f"{name}_within_prompt", ro.values, mc, ro.loss_mask, group_size, reduce_sum)
     return ({name: ev} if math.isfinite(ev) else {}) | within | {"critic/return_var": max(var, 0.0)}
 
 
@@ -81,18 +81,18 @@ def heldout_ev(models, micro_batch: int, group_size: int = 1):
             parts = [ro.rows(slice(s, s + micro_batch)) for s in range(0, ro.size, micro_batch)]
             values = torch.cat([response_values(models.value, mb, value_log_probs(models, mb)) for mb in parts])
         mc = monte_carlo_returns(replace(ro, values=values)).returns
-        first = torch.zeros_like(ro.response_mask)
-        first[:, 0] = ro.response_mask[:, 0]
-        return (explained_var("eval/critic_ev", values, mc, ro.response_mask, reduce_sum)
+        first = torch.zeros_like(ro.loss_mask)
+        first[:, 0] = ro.loss_mask[:, 0]
+        return (explained_var("eval/critic_ev", values, mc, ro.loss_mask, reduce_sum)
                 | explained_var("eval/critic_ev_start", values, mc, first, reduce_sum)
-                | within_explained_var("eval/critic_ev_within_prompt", values, mc, ro.response_mask, group_size,
+                | within_explained_var("eval/critic_ev_within_prompt", values, mc, ro.loss_mask, group_size,
                                        reduce_sum))
     return measure
 
 
 def ev_breakdown(ro, reduce_sum: SumRanks, prefix: str) -> dict[str, float]:
     """EV against the rollout's returns by position quarter of the response and by response length."""
-    mask = ro.response_mask
+    mask = ro.loss_mask
     lengths = mask.sum(1, keepdim=True).clamp(min=1)
     pos = (mask.cumsum(1) - 1).clamp(min=0) / lengths  # 0 … <1 over each response
     out = {}

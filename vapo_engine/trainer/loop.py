@@ -110,10 +110,10 @@ def value_pretrain_round(tr: Trainer) -> dict[str, float]:
     it (held-out), then `value_pretrain_epochs` passes of mini-batch updates towards Monte-Carlo returns."""
     ro, prompts_digest, first = collect(tr, "pretrain", tr.pretrain_step)
     ro = monte_carlo_returns(ro)
-    metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.response_mask,
+    metrics = explained_var("critic/pretrain_explained_var", ro.values, ro.returns, ro.loss_mask,
                             tr.parallel.sum)
     metrics |= within_explained_var("critic/pretrain_explained_var_within_prompt", ro.values, ro.returns,
-                                    ro.response_mask, tr.cfg.vapo.group_size, tr.parallel.sum)
+                                    ro.loss_mask, tr.cfg.vapo.group_size, tr.parallel.sum)
     metrics |= ev_breakdown(ro, tr.parallel.sum, "critic/pretrain_")
     losses = []
     for idx in minibatches(tr, ro.size, "pretrain", tr.pretrain_step, tr.cfg.vapo.value_pretrain_epochs):
@@ -146,7 +146,7 @@ def rollout_step(tr: Trainer) -> dict[str, float]:
     metrics |= rollout_metrics(ro, tr.cfg.vapo.group_size, tr.parallel.sum)
     if ro.values is not None:
         metrics |= mc_explained_var(ro, tr.parallel.sum, tr.cfg.vapo.group_size)
-        metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.response_mask,
+        metrics |= explained_var("critic/explained_var_targets", ro.values, ro.returns, ro.loss_mask,
                                  tr.parallel.sum)
     t1 = time.perf_counter()
     updates, mini_size = [], tr.cfg.mini_batch_size // tr.parallel.size
@@ -203,7 +203,7 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
     lengths = ro.lengths.float()
 
     def token_mean(x: torch.Tensor) -> float:  # over the valid tokens of every rank
-        s = reduce_sum(torch.stack([(x * ro.response_mask).sum(), ro.response_mask.sum()]).double())
+        s = reduce_sum(torch.stack([(x * ro.loss_mask).sum(), ro.loss_mask.sum()]).double())
         return float(s[0] / s[1].clamp(min=1))
     out = {"rollout/reward_mean": float(ro.scores.mean()), "rollout/accuracy": float(ro.correct.float().mean()),
            "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),

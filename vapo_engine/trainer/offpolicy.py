@@ -153,9 +153,9 @@ def correct_mismatch(tr, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
                             f"{r.backend!r} returned none: use a backend that returns them (hf, vllm, sglang, "
                             "server), or set rollout.is_mode = \"off\"")
         return ro, {}
-    w, bounded = importance_weights(ro.old_log_probs, ro.sampler_log_probs, ro.response_mask, cap=r.is_cap,
+    w, bounded = importance_weights(ro.old_log_probs, ro.sampler_log_probs, ro.loss_mask, cap=r.is_cap,
                                     mode=mode)
-    sums, max_diff = mismatch_sums(ro.old_log_probs, ro.sampler_log_probs, w, bounded, ro.response_mask)
+    sums, max_diff = mismatch_sums(ro.old_log_probs, ro.sampler_log_probs, w, bounded, ro.loss_mask)
     metrics = mismatch_metrics(tr.parallel.sum(sums), max_diff)
     return (ro if mode == "off" else replace(ro, is_weights=w)), metrics
 

@@ -1,4 +1,5 @@
-"""Positive replay buffer: past correct (prompt, response) token-id pairs for the positive-example LM loss.
+"""Positive replay buffer: past correct (prompt, response) token-id pairs for the positive-example LM loss; a
+multi-turn episode's response keeps its loss mask as a third element (only the policy's tokens learn).
 
 Off-policy positives need no importance ratio in an NLL term (docs/design.md §3.8). FIFO with a fixed capacity; sampling
 uses the caller's `random.Random` so runs are reproducible; the whole buffer is part of a checkpoint.
@@ -14,7 +15,7 @@ import torch
 class ReplayBuffer:
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.items: deque[tuple[list[int], list[int]]] = deque(maxlen=capacity)
+        self.items: deque[tuple] = deque(maxlen=capacity)
         self.sources: deque[str] = deque(maxlen=capacity)
         """Where each item came from: "policy" (this run's rollouts) or "provider" (the API channel)."""
 
@@ -22,14 +23,17 @@ class ReplayBuffer:
         return len(self.items)
 
     def add_correct(self, ro) -> int:
-        """Store the correct rows of a Rollout (prompt without padding, response up to its last valid token)."""
+        """Store the correct rows of a Rollout (prompt without padding, response up to its last valid token, and
+        the row's loss mask where inserted tokens make it differ from the response's extent)."""
         added = 0
         p = ro.prompt_len
         for i in torch.nonzero(ro.correct).squeeze(-1).tolist():
             prompt = ro.input_ids[i, :p][ro.attention_mask[i, :p].bool()].tolist()
-            resp = ro.input_ids[i, p:][ro.response_mask[i].bool()].tolist()
+            extent = ro.response_mask[i].bool()
+            resp = ro.input_ids[i, p:][extent].tolist()
+            loss = ro.loss_mask[i][extent]
             if resp:
-                self.items.append((prompt, resp))
+                self.items.append((prompt, resp) if bool(loss.ne(0).all()) else (prompt, resp, loss.tolist()))
                 self.sources.append("policy")
                 added += 1
         return added
@@ -44,7 +48,7 @@ class ReplayBuffer:
     def count(self, source: str) -> int:
         return sum(1 for s in self.sources if s == source)
 
-    def sample(self, n: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    def sample(self, n: int, rng: random.Random) -> list[tuple]:
         n = min(n, len(self.items))
         return [self.items[i] for i in rng.sample(range(len(self.items)), n)] if n else []
 
@@ -53,7 +57,7 @@ class ReplayBuffer:
                 "sources": list(self.sources)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.items = deque(((list(p), list(r)) for p, r in state["items"]), maxlen=self.capacity)
+        self.items = deque((tuple(list(x) for x in it) for it in state["items"]), maxlen=self.capacity)
         sources = state.get("sources") or ["policy"] * len(self.items)  # checkpoints from before sources
         self.sources = deque(sources, maxlen=self.capacity)
 

@@ -77,10 +77,10 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
     exactly its rows. The step's seconds in the actor's and the critic's micro-batches (forward + backward) and in
     the optimizer steps (gradient sync, clipping, step) come back as perf/actor_time_s, perf/critic_time_s and
     perf/optimizer_time_s."""
-    mask = mini.response_mask
+    mask = mini.loss_mask
     counts = parallel.sum(torch.stack([mask.sum(), torch.tensor(float(mini.size), device=mask.device),
                                        (mask * mini.correct[:, None]).sum()
-                                       + (replay.response_mask.sum() if replay is not None else 0.0)]))
+                                       + (replay.loss_mask.sum() if replay is not None else 0.0)]))
     n_tok, n_seq, n_pos = counts.clamp(min=1.0)
     sums: dict[str, float] = {}
     clock = {"perf/actor_time_s": 0.0} if train_actor else {}
@@ -94,7 +94,7 @@ def update_step(models, opt_actor, opt_critic, mini: Rollout, replay: Rollout | 
         mbs = list(micro_batches(mini, spec, parallel.max_int))
         riders = _riders(replay if train_actor and spec.positive_lm_coef > 0 else None, len(mbs))
         for i, mb in enumerate(mbs):
-            weight = float(mb.response_mask.sum() / n_tok)
+            weight = float(mb.loss_mask.sum() / n_tok)
             kept = first if i == 0 and first is not None and first.serves(mb) else None
             if train_actor:
                 t = time.perf_counter()
@@ -164,19 +164,19 @@ def _actor_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, n_seq, n_pos, rid
     with models.autocast():
         lp, rider_lp = _policy_log_probs(models, mb, rider, kept)
         adv = weighted_advantages(mb.advantages, mb.is_weights)  # w·L(A) = L(w·A): the IS-weighted PG loss
-        pg, m = loss_fn(lp, mb.old_log_probs, adv, mb.response_mask, clip_low=spec.clip_low,
+        pg, m = loss_fn(lp, mb.old_log_probs, adv, mb.loss_mask, clip_low=spec.clip_low,
                         clip_high=spec.clip_high, dual_clip=spec.dual_clip, reduction=spec.reduction,
                         global_token_count=n_tok, global_seq_count=n_seq)
         loss = pg
         shares = {"actor/pg_loss": float(pg.detach())}
         if spec.positive_lm_coef > 0:
-            nll = positive_nll_loss(lp, mb.response_mask, mb.correct, global_token_count=n_pos)
+            nll = positive_nll_loss(lp, mb.loss_mask, mb.correct, global_token_count=n_pos)
             if rider_lp is not None:
-                nll = nll + positive_nll_loss(rider_lp, rider.response_mask, rider.correct, global_token_count=n_pos)
+                nll = nll + positive_nll_loss(rider_lp, rider.loss_mask, rider.correct, global_token_count=n_pos)
             loss = loss + spec.positive_lm_coef * nll
             shares["actor/positive_nll"] = float(nll.detach())
         if spec.kl_coef > 0 and mb.ref_log_probs is not None:
-            kl = aggregate_loss(kl_penalty(lp, mb.ref_log_probs, "k3", mask=mb.response_mask), mb.response_mask,
+            kl = aggregate_loss(kl_penalty(lp, mb.ref_log_probs, "k3", mask=mb.loss_mask), mb.loss_mask,
                                 "token_mean", global_token_count=n_tok)
             loss = loss + spec.kl_coef * kl
             shares["actor/kl_ref"] = float(kl.detach())
@@ -191,7 +191,7 @@ def _critic_micro(models, mb: Rollout, spec: UpdateSpec, n_tok, kept: torch.Tens
     now); (loss share, token means of the micro-batch)."""
     with models.autocast():
         v = kept if kept is not None else response_values(models.value, mb)
-        vl, m = value_loss(v, mb.values, mb.returns, mb.response_mask, clip_range=spec.value_clip,
+        vl, m = value_loss(v, mb.values, mb.returns, mb.loss_mask, clip_range=spec.value_clip,
                            reduction="token_mean", global_token_count=n_tok)
     vl.backward()
     return {"critic/value_loss": float(vl.detach())}, {"critic/vf_clipfrac": float(m["vf_clipfrac"])}

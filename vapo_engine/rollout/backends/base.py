@@ -93,6 +93,10 @@ class Generation:
     weight_version: int | None = None
     """The policy weights' version that sampled these (a backend with its own copy of the weights); None for
     the live in-process policy."""
+    loss_mask: torch.Tensor | None = None
+    """(N, R) float: 1 where the policy wrote the token, 0 where the environment inserted it (a multi-turn episode's
+    tool results, rollout/episodes.py) and after the response; None = `response_mask` (one turn: a backend's own
+    output)."""
 
 
 class PolicyModels(Protocol):
