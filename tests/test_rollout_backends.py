@@ -84,7 +84,7 @@ def test_a_backend_registered_outside_the_trainer_drives_a_run(tmp_path, model_d
 
 def test_unknown_backend_names_the_known_ones(model_dir):
     from vapo_engine.trainer.models import load_models
-    with pytest.raises(UnknownBackendError, match=r"unknown rollout backend 'nope'; known backends: .*hf"):
+    with pytest.raises(UnknownBackendError, match=r"unknown rollout backend 'nope'; known rollout backends: .*hf"):
         load_models(model_dir, value_path=None, need_value=False, reference_path=None,
                     device=torch.device("cpu"), autocast_dtype=None, rollout=RolloutConfig(backend="nope"))
     assert "hf" in backend_names() and "fake_answers" in backend_names()

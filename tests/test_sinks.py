@@ -94,13 +94,13 @@ def test_ranks_that_do_not_write_get_a_null_logger(tmp_path, model_dir, memory_s
 def test_an_unknown_sink_is_refused_with_the_known_names(tmp_path, model_dir, project, clean_env):
     run_dir, cfg = _config(tmp_path, model_dir, ['logging.sinks=["jsonl", "wandb_typo"]'])
     for write in (True, False):  # every rank refuses alike
-        with pytest.raises(UnknownSinkError, match="'wandb_typo'; known sinks: console, jsonl, mlflow, tensorboard, wandb"):
+        with pytest.raises(UnknownSinkError, match="'wandb_typo'; known metric sinks: console, jsonl, mlflow, tensorboard, wandb"):
             open_sinks(run_dir, cfg, write=write)
     assert not (run_dir / "metrics.jsonl").exists()  # nothing opened
     from tools.paths import Files
     from tools.training import prepare_config
     f = Files(project / "config.toml", project / "settings.json")
-    with pytest.raises(UnknownSinkError, match="known sinks: console, jsonl, mlflow, tensorboard, wandb"):
+    with pytest.raises(UnknownSinkError, match="known metric sinks: console, jsonl, mlflow, tensorboard, wandb"):
         prepare_config(f, None, ['logging.sinks=["jsonl","wandb_typo"]'])
 
 

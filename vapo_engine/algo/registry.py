@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from vapo_engine.registry import Registry, UnknownNameError
+
 from .advantages import compute_gae, decoupled_gae, grpo_advantages
 from .losses import policy_loss_clip_higher, policy_loss_none, policy_loss_ppo_clip
 from .stats import masked_sum
@@ -31,11 +33,8 @@ from .stats import masked_sum
 Tensor = torch.Tensor
 
 
-class UnknownAlgorithmError(KeyError, ValueError):
+class UnknownAlgorithmError(UnknownNameError):
     """An unknown estimator/loss name; catchable as KeyError or ValueError, message lists the valid names."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 def _require_values(values: Tensor | None, name: str) -> Tensor:
@@ -95,25 +94,17 @@ def grpo_estimator(
     return grpo_advantages(scores, mask, group_size), None
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", error=UnknownAlgorithmError, entries={
     "decoupled_gae": decoupled_gae_estimator,
     "gae": gae_estimator,
     "grpo": grpo_estimator,
-}
+})
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+POLICY_LOSSES = Registry("policy loss", error=UnknownAlgorithmError, entries={
     "clip_higher": policy_loss_clip_higher,
     "ppo_clip": policy_loss_ppo_clip,
     "none": policy_loss_none,
-}
-
-
-def _lookup(table: dict[str, Callable], name: str, what: str) -> Callable:
-    try:
-        return table[name]
-    except (KeyError, TypeError):
-        valid = ", ".join(sorted(table))
-        raise UnknownAlgorithmError(f"unknown {what} {name!r}; valid names: {valid}") from None
+})
 
 
 def get_advantage_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor | None]]:
@@ -123,7 +114,7 @@ def get_advantage_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor | N
     Implements: the ablation switch VAPO ↔ vanilla PPO ↔ GRPO/DAPO. Unknown name → UnknownAlgorithmError
     (a KeyError and ValueError) listing the valid names.
     """
-    return _lookup(ADVANTAGE_ESTIMATORS, name, "advantage estimator")
+    return ADVANTAGE_ESTIMATORS.lookup(name)
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
@@ -133,4 +124,4 @@ def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]
     Implements: the "w/o Clip-Higher" ablation switch. Unknown name → UnknownAlgorithmError listing the
     valid names.
     """
-    return _lookup(POLICY_LOSSES, name, "policy loss")
+    return POLICY_LOSSES.lookup(name)
