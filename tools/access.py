@@ -8,7 +8,8 @@ Three callers reach the tools, and they are trusted differently:
   call may not change where a run listens or how many nodes join (`distributed.nnodes`, `node_rank`,
   `rdzv_endpoint` come from config.toml or the CLI only), because a rendezvous that accepts a peer is a way in;
   nor where rollouts are sampled (`rollout.urls`, `rollout.token_env`) or where a metric sink sends the run
-  (`logging.mlflow_tracking_uri`: the tracker gets the metrics and the environment's tracker credentials).
+  (`logging.mlflow_tracking_uri`: the tracker gets the metrics and the environment's tracker credentials), nor
+  which tool servers a run starts or calls (`rollout.tools`: a stdio server is a program the trainer runs).
 - **An HTTP MCP client with the bearer token** is a remote agent that may be prompt-injected. On top of the
   stdio rules, every path it names — `diagnose_error(log_path, code_path)`, a `preset` .toml, the path-valued
   config keys (every field typed PathText: vapo_engine/config/path_fields.py — `model.local_path`,
@@ -46,6 +47,8 @@ TRANSPORTS = ("cli", "stdio", "http")
 LISTENER_KEYS = ("nnodes", "node_rank", "rdzv_endpoint")
 ROLLOUT_PEER_KEYS = ("urls", "token_env")
 """[rollout] keys only config.toml or the CLI may set (the replicas receive the token)."""
+TOOL_KEYS = ("tools",)
+"""[rollout] keys only config.toml or the CLI may set: the MCP tool servers a run starts (programs) or calls."""
 SINK_DESTINATION_KEYS = ("mlflow_tracking_uri",)
 """[logging] keys only config.toml or the CLI may set: where a metric sink sends the run (its metrics, its config
 and the tracker credentials of the environment, MLFLOW_TRACKING_TOKEN / _USERNAME / _PASSWORD)."""
@@ -186,6 +189,7 @@ def check_config(f: Files, cfg: TrainConfig, policy: Policy | None = None) -> No
     if policy.is_tool_call:
         _check_listener(f, cfg)
         _check_rollout_peers(f, cfg)
+        _check_tool_servers(f, cfg)
         _check_sink_destinations(f, cfg)
     if policy.confines_paths:
         _check_paths(f, cfg, policy)
@@ -224,6 +228,16 @@ def _check_rollout_peers(f: Files, cfg: TrainConfig) -> None:
             f"rollout.{changed[0]} differs from config.toml's: a tool call may not change where rollouts are "
             "sampled or which token is sent there (rollout.urls, rollout.token_env come from config.toml or the "
             "CLI only); call again without those overrides (or preset values)")
+
+
+def _check_tool_servers(f: Files, cfg: TrainConfig) -> None:
+    """[rollout.tools] names programs the trainer starts and servers it calls: never set by a tool call."""
+    if _changed_from_config(f, cfg, "rollout", TOOL_KEYS):
+        raise ToolInputError(
+            "rollout.tools differs from config.toml's: a tool call may not choose the tool servers a run starts or "
+            "calls (a stdio server is a program run on this machine); set [rollout.tools] in config.toml or on the "
+            "CLI (vapo-mcp train --set 'rollout.tools.servers=[...]') and call again without that override (or "
+            "preset value)")
 
 
 def _check_sink_destinations(f: Files, cfg: TrainConfig) -> None:

@@ -16,7 +16,7 @@ from .common import report_error
 
 COMMANDS = ["server.cli.config_cmd", "server.cli.train_cmd", "server.cli.serve_cmd", "server.cli.runs_cmd",
             "server.cli.channel_cmd", "server.cli.serve_model_cmd", "server.cli.eval_cmd", "server.cli.data_cmd",
-            "server.cli.build_model_cmd", "server.cli.doctor_cmd"]
+            "server.cli.build_model_cmd", "server.cli.doctor_cmd", "server.cli.tool_server_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from .base import PathText, Section
 from .critic_model import CriticConfig
 from .errors import FieldProblem
 from .lora_model import LoraConfig
+from .tools_model import ToolsConfig
 
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 Algorithm = Literal["vapo", "ppo", "grpo", "rft"]
@@ -167,6 +168,14 @@ class DataConfig(Section):
     data_dir: PathText = Field("./data", min_length=1)
     """Folder where named JSONL sets live (<data_dir>/<name>.jsonl); a registered benchmark (aime_2024,
     math500, gsm8k, ...) missing there is downloaded into it from the Hugging Face Hub (tasks/benchmarks)."""
+    verifier: str = Field("", pattern=r"^([a-z][a-z0-9_]*)?$")
+    """What scores responses and decides which are correct, for training and evaluation (tasks/verifiers.py:
+    exact = the text after the last ';' equals the answer; math = boxed / last number, exact rationals, then
+    math-verify; task = the task's own reward); empty = each task's default (exact for builtin:, math for JSONL
+    sets). An unknown name stops the run at start, listing the known ones."""
+    verifier_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Seconds the verifier may take on one response; past it the response scores 0, is not correct, and is
+    counted in rollout/verifier_timeouts."""
 
 
 class EvalConfig(Section):
@@ -322,6 +331,14 @@ class RolloutConfig(Section):
     changed (today's loss, exactly). Any mode other than off asks the backend for its log-probs (truncate or
     mask set explicitly: a backend that returns none stops the run) and logs rollout/logprob_diff_mean,
     rollout/logprob_diff_max, rollout/is_weight_mean and rollout/is_clipfrac (for hf a sanity check: ≈ 0)."""
+    episode: str = Field("single_turn", pattern=r"^[a-z][a-z0-9_]*$")
+    """How a response is made (vapo_engine/rollout/episodes.py): single_turn = the policy writes one response;
+    tool_calls = the policy may call the tools of [rollout.tools]: each call's result is appended to the
+    response as tokens that do not learn (loss mask 0), and the policy writes on, until a final answer,
+    rollout.tools.max_turns or the token budget model.max_tokens. Evaluation uses the same episode."""
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """[rollout.tools] the MCP tool servers of tool_calls episodes (vapo_engine/config/tools_model.py); set in
+    config.toml or on the CLI only, never by a tool call of this server."""
     is_cap: float = Field(2.0, gt=1, le=1000)
     """The cap C of the importance weights (> 1): truncate caps them at C, mask drops tokens outside [1/C, C]."""
     max_off_policy_steps: int = Field(0, ge=0, le=16)
@@ -557,6 +574,7 @@ class TrainConfig(Section):
                                     "or remove rollout.urls"))
         if len(set(r.urls)) != len(r.urls):
             out.append(FieldProblem("rollout.urls", "a URL is listed twice", "list each replica once"))
+        out += tools_problems(r)
         if r.max_off_policy_steps and r.backend == "hf" and (d.world_size > 1 or d.strategy == "fsdp"):
             out.append(FieldProblem("rollout.max_off_policy_steps", "asynchronous rollouts with the in-process hf "
                                     "backend sample from a copy of the policy, which is supported in one process "
@@ -599,3 +617,16 @@ class TrainConfig(Section):
     def prompts_per_step(self) -> int:
         """Prompts per rollout step = batch_size / group_size."""
         return self.training.batch_size // self.vapo.group_size
+
+
+def tools_problems(r: RolloutConfig) -> list[FieldProblem]:
+    """[rollout] episode ↔ [rollout.tools] rules: tool_calls needs a server; server names are unique."""
+    out, names = [], [s.name for s in r.tools.servers]
+    if r.episode == "tool_calls" and not names:
+        out.append(FieldProblem("rollout.tools.servers", "rollout.episode = \"tool_calls\" needs at least one "
+                                "tool server", "add one, e.g. --set 'rollout.tools.servers=[{name=\"calc\", "
+                                "command=[\"vapo-mcp\", \"tool-server\", \"calculator\"]}]', or set "
+                                "rollout.episode = \"single_turn\""))
+    if len(set(names)) != len(names):
+        out.append(FieldProblem("rollout.tools.servers", "two tool servers have the same name", "name each once"))
+    return out

@@ -26,6 +26,8 @@ class ArithmeticTask:
     """Shared machinery: hash-split sampling, exact reward, reference solutions from the prompt alone."""
 
     name = "builtin:arithmetic"
+    verifier = "exact"
+    """The default verifier (tasks/verifiers.py): the text after the last `;` equals the answer."""
     max_new_tokens = 48
     """Enough new tokens for the longest reference response plus the EOS token."""
 

@@ -47,6 +47,9 @@ class Task(Protocol):
         """1.0 when `response` states exactly the right final answer, else 0.0; never raises."""
         ...
 
+    # A task may also name its default verifier (`verifier = "exact"`, a name in tasks/verifiers.VERIFIERS) that
+    # runs score it when data.verifier is empty; without one, its `reward` is the verifier ("task").
+
 
 def in_heldout_split(key: str, *, salt: str, fraction: float) -> bool:
     """True when `key` belongs to the held-out split: a stable hash (not Python's randomised `hash`).

@@ -44,6 +44,8 @@ class ChainTask:
     """Running-total chains of `min_steps`..`max_steps` labelled operations (see the module docstring)."""
 
     name = "builtin:chain"
+    verifier = "exact"
+    """The default verifier (tasks/verifiers.py): the text after the last `;` equals the answer."""
     system_prompt = ("Apply the labelled operations in order, starting from the first number. Write one line per "
                      "operation as '<label> <total><op><digit>=<new total>' with two-digit totals, then a line "
                      "';<final total>'. Example: '47 a+8 b-3' -> 'a 47+8=55', 'b 55-3=52', ';52'. Reply with "

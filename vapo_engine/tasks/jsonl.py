@@ -80,6 +80,8 @@ class JsonlTask:
     """A task backed by a JSONL file: random training draws, first-n held-out list, robust 0/1 reward."""
 
     max_new_tokens = None
+    verifier = "math"
+    """The default verifier (tasks/verifiers.py): boxed / last number, exact rationals, then math-verify."""
     """No built-in limit: the training config's `model.max_tokens` applies."""
     system_prompt = ("Solve the problem. Reason step by step, then give the final answer on the last line as "
                      "\\boxed{answer}.")
