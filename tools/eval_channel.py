@@ -32,6 +32,7 @@ from vapo_engine.providers import (
     ProviderError,
     RateLimitError,
 )
+from vapo_engine.tasks.verifiers import make_judge
 
 FATAL = (AuthenticationError, PermissionDeniedError, NotFoundError, KeyFormatError)
 
@@ -129,6 +130,7 @@ async def _call(client: ProviderClient, task, problem, model: str, fallback: str
         kind = e.kind or type(e).__name__
         return Call(error_kind=("fatal:" if _fatal(e) else "") + kind, error=e.short()[:300])
     u = r.usage or {}
-    return Call(reward=task.reward(r.content, problem.answer), ok=True, latency_s=r.elapsed_s,
+    verdict = make_judge("", task)([r.content], [problem])[0]  # "correct" as a run decides it (tasks/verifiers.py)
+    return Call(reward=float(verdict.correct), ok=True, latency_s=r.elapsed_s,
                 prompt_tokens=int(u.get("prompt_tokens") or 0),
                 completion_tokens=int(u.get("completion_tokens") or 0), model_used=r.model_used)

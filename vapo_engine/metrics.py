@@ -100,6 +100,17 @@ CATALOGUE: dict[str, str] = {
                                   "rollout.max_off_policy_steps",
     "rollout/dropped_stale": "samples dropped (and sampled again) so far because their weights were more than "
                              "rollout.max_off_policy_steps versions old",
+    # multi-turn episodes (rollout.episode = "tool_calls"; logged only then) and verifiers
+    "rollout/turns": "mean policy turns per episode (a turn ends at a tool call or at the final answer)",
+    "rollout/tool_calls": "mean tool calls per episode",
+    "rollout/tool_errors": "mean tool calls per episode whose result was not the tool's complete answer (an error, "
+                           "a timeout, an unavailable server, a malformed call, a result cut to max_result_chars)",
+    "rollout/tool_use": "fraction of episodes with at least one tool call",
+    "rollout/policy_tokens": "mean tokens the policy wrote per episode (tool results excluded: the length of the "
+                             "length-adaptive λ)",
+    "rollout/verifier_timeouts": "responses whose verification did not finish within data.verifier_timeout_s "
+                                 "(scored 0; logged when any)",
+    "eval/greedy_tool_calls": "mean tool calls per held-out problem of the greedy episodes (tool_calls episodes)",
     # vapo
     "vapo/lambda_policy_mean": "mean λ_policy of the batch (length-adaptive or lambda_base)",
     "vapo/lambda_policy_min": "smallest λ_policy of the batch",
@@ -156,7 +167,7 @@ COMBINE: dict[str, str] = {
                               "actor/pg_clipfrac_high", "actor/pg_clipfrac_low", "actor/approx_kl",
                               "critic/value_loss", "critic/vf_clipfrac", "critic/pretrain_value_loss",
                               "vapo/positive_samples", "vapo/replay_samples", "rollout/replica_failovers",
-                              "rollout/dropped_stale")},
+                              "rollout/dropped_stale", "rollout/verifier_timeouts")},
     **{name: MAX for name in ("actor/ratio_max", "rollout/response_length_max", "rollout/logprob_diff_max",
                               "rollout/weight_version_lag")},
     **{name: SAME for name in ("actor/entropy", "actor/lr", "critic/lr", "critic/value_mean", "critic/return_mean",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vapo_engine.prompts import NO_TEMPLATE_FIX, check_prompts
 from vapo_engine.tasks import BENCHMARKS, BUILTIN_PREFIX, Task, TaskError, get_task
+from vapo_engine.tasks.verifiers import make_judge
 
 from .findings import Finding, error, info, warning
 
@@ -124,7 +125,7 @@ def _round_trip(cfg, folder: Path, task: Task, ev: dict) -> list[Finding]:
     if not ids:
         return [error("template", "the prompt encodes to no tokens", "check the tokenizer files of model.local_path",
                       **ev)]
-    if task.reward(decoded, problem.answer) != 1.0:
+    if not make_judge(cfg.data.verifier, task)([decoded], [problem])[0].correct:
         return [error("template", f"the task's answer checker does not read a correct answer written in the "
                       f"{fmt.mode} format after encoding and decoding (wrote {reference[-80:]!r}, read back "
                       f"{decoded[-80:]!r})", "use a tokenizer that round-trips the answer text (model.local_path), "

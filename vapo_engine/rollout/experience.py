@@ -30,8 +30,9 @@ import torch
 
 from vapo_engine.algo import entropy_from_logits, log_probs_from_logits
 from vapo_engine.prompts import PromptFormat
+from vapo_engine.tasks.verifiers import Judge, Verdict, make_judge
 
-from .generate import response_lengths, sample
+from .generate import response_lengths
 from .value_head import head_inputs, head_kind
 
 
@@ -58,6 +59,11 @@ class Rollout:
     loss_mask: torch.Tensor | None = None
     """(N, R) float, 1 where the policy wrote the token (it learns), 0 where the environment inserted it (a tool's
     result) and on padding; never 1 outside `response_mask`. None at construction = `response_mask` (single turn)."""
+    turns: torch.Tensor | None = None           # (N,) policy turns of a multi-turn episode (None: one turn)
+    tool_calls: torch.Tensor | None = None      # (N,) tool calls of each episode
+    tool_errors: torch.Tensor | None = None     # (N,) calls that did not return the tool's complete answer
+    verifier_timeouts: int = 0
+    """Responses whose verification timed out (scored 0)."""
     weight_version: int | None = None
     """The version of the policy weights that sampled these (rollout steps whose updates they had taken,
     `trainer.offpolicy`, the tag a remote backend's weights were pushed with); None = not known."""
@@ -177,26 +183,32 @@ def from_token_ids(pairs: list[tuple], pad_id: int, device, temperature: float =
 
 def sample_rollout(models, task, problems, *, max_new_tokens: int, temperature: float, top_p: float,
                    do_sample: bool = True, prompt_format: PromptFormat | None = None,
-                   with_sampler_log_probs: bool = False, with_policy_outputs: bool = False) -> Rollout:
-    """Generate one response per problem (repeat problems for groups) with the run's rollout backend
-    (`models.backend`) and score them with the task; the prompts are encoded in `prompt_format` (None =
-    plain). `with_sampler_log_probs` keeps the sampler's own log-probs of the drawn tokens
-    (`Rollout.sampler_log_probs`); `with_policy_outputs` takes the old log-probs and entropies from the sampler
-    where the backend has them (`SamplingParams.policy_outputs`; rollout.old_log_probs = "sampler")."""
+                   with_sampler_log_probs: bool = False, with_policy_outputs: bool = False, episode=None,
+                   judge: Judge | None = None) -> Rollout:
+    """One episode per problem (repeat problems for groups) — `episode` (rollout/episodes.py; None = a single
+    turn of the run's rollout backend, `models.backend`) — scored by `judge` (tasks/verifiers.py; None = the
+    task's default verifier); the prompts are encoded in `prompt_format` (None = plain). `with_sampler_log_probs`
+    keeps the sampler's own log-probs of the drawn tokens (`Rollout.sampler_log_probs`); `with_policy_outputs`
+    takes the old log-probs and entropies from the sampler where the backend has them
+    (`SamplingParams.policy_outputs`; rollout.old_log_probs = "sampler")."""
+    from .episodes import SINGLE_TURN
     t0 = time.perf_counter()
-    gen = sample(models, [p.prompt for p in problems], max_new_tokens=max_new_tokens, temperature=temperature,
-                 top_p=top_p, do_sample=do_sample and temperature > 0, prompt_format=prompt_format,
-                 with_log_probs=with_sampler_log_probs, policy_outputs=with_policy_outputs)
-    scores = [task.reward(t, p.answer) for t, p in zip(gen.texts, problems)]
-    return from_generation(gen, scores, models.device, temperature=temperature if do_sample else 0.0,
+    gen = (episode or SINGLE_TURN).sample(
+        models, [p.prompt for p in problems], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        do_sample=do_sample and temperature > 0, prompt_format=prompt_format, with_log_probs=with_sampler_log_probs,
+        policy_outputs=with_policy_outputs)
+    verdicts = (judge or make_judge("", task))(gen.texts, problems)
+    return from_generation(gen, verdicts, models.device, temperature=temperature if do_sample else 0.0,
                            gen_seconds=time.perf_counter() - t0)
 
 
-def from_generation(gen, scores: list[float], device, *, temperature: float, gen_seconds: float = 0.0) -> Rollout:
-    """The Rollout of a generation (`generate.Generation`) and its per-response scores, sampled at
+def from_generation(gen, verdicts: list[Verdict], device, *, temperature: float, gen_seconds: float = 0.0
+                    ) -> Rollout:
+    """The Rollout of a generation (`generate.Generation`, or an episode's) and its verdicts, sampled at
     `temperature` (0 = greedy). The generation's policy log-probs and entropies, where it has them, become the
     rollout's old log-probs and entropies (rollout.old_log_probs = "sampler")."""
-    dev, scores = device, torch.tensor(scores, dtype=torch.float32)
+    dev, scores = device, torch.tensor([v.score for v in verdicts], dtype=torch.float32)
+    correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
     def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(dev)
     resp_mask = gen.response_mask.float()
@@ -204,12 +216,14 @@ def from_generation(gen, scores: list[float], device, *, temperature: float, gen
     input_ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1)
     attn = torch.cat([gen.prompt_mask.long(), resp_mask.long()], dim=1)
     return Rollout(input_ids.to(dev), attn.to(dev), position_ids_from(attn).to(dev), resp_mask.to(dev),
-                   scores.to(dev), (scores > 0.5).to(dev), place_rewards(scores, loss_mask).to(dev),
+                   scores.to(dev), correct.to(dev), place_rewards(scores, loss_mask).to(dev),
                    gen.prompt_ids.shape[1], gen.texts, sampler_log_probs=on_device(gen.log_probs),
                    old_log_probs=on_device(gen.policy_log_probs), entropy=on_device(gen.entropy),
                    finished=gen.finished.to(dev), gen_seconds=gen_seconds,
                    temperature=logprob_temperature(temperature),
-                   weight_version=gen.weight_version, loss_mask=None if gen.loss_mask is None else loss_mask.to(dev))
+                   weight_version=gen.weight_version, loss_mask=None if gen.loss_mask is None else loss_mask.to(dev),
+                   turns=on_device(gen.turns), tool_calls=on_device(gen.tool_calls),
+                   tool_errors=on_device(gen.tool_errors), verifier_timeouts=sum(v.timed_out for v in verdicts))
 
 
 def response_log_probs(model, ro: Rollout, *, with_entropy: bool = False):

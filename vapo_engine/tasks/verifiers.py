@@ -100,6 +100,22 @@ def make_verifier(name: str, task) -> Verifier:
     return cls(task) if cls is TaskVerifier else cls()
 
 
+@dataclass(frozen=True)
+class Judge:
+    """A verifier with its timeout: `judge(responses, problems)` → one Verdict each (what a run scores with)."""
+
+    verifier: Verifier
+    timeout_s: float = 10.0
+
+    def __call__(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
+        return verify(self.verifier, responses, problems, timeout_s=self.timeout_s)
+
+
+def make_judge(name: str, task, timeout_s: float = 10.0) -> Judge:
+    """`Judge(make_verifier(name, task), timeout_s)`: data.verifier / data.verifier_timeout_s for `task`."""
+    return Judge(make_verifier(name, task), timeout_s)
+
+
 def verify(verifier: Verifier, responses: Sequence[str], problems: Sequence[Problem], *,
            timeout_s: float = 10.0) -> list[Verdict]:
     """One `Verdict` per response (`responses[i]` answers `problems[i]`); each check bounded by `timeout_s`."""

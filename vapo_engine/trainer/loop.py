@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from vapo_engine.rollout.episodes import episode_metrics
 from vapo_engine.rollout.evaluate import evaluate
 from vapo_engine.rollout.experience import Rollout, from_token_ids
 from vapo_engine.rundir import SUMMARY_JSON, VALUE_MODEL, RunDir
@@ -87,6 +88,7 @@ def train(run_dir: str | Path, *, resume: bool = False, stop_after: int | None =
         return summary
     finally:
         tr.prefetch.close()
+        tr.episode.close()
         tr.provider.close()
         tr.models.backend.close()
         tr.logger.close()
@@ -215,6 +217,7 @@ def rollout_metrics(ro: Rollout, group_size: int, reduce_sum) -> dict[str, float
         out["rollout/no_signal_groups"] = float((groups.max(1).values == groups.min(1).values).float().mean())
     if ro.weight_version is not None:  # sampled by a remote backend: the version of the weights it held
         out["rollout/weight_version"] = float(ro.weight_version)
+    out |= episode_metrics(ro)
     if ro.values is not None and ro.returns is not None:
         out["critic/value_mean"] = token_mean(ro.values)
         out["critic/return_mean"] = token_mean(ro.returns)
@@ -232,7 +235,7 @@ def evaluate_policy(tr: Trainer, on_record) -> dict[str, float]:
         max_new_tokens=c.model.max_tokens, temperature=c.model.temperature, top_p=c.model.top_p,
         seed=streams.seed_of(tr.info.seed, "eval", tr.step), prompt_format=tr.eval_prompts, split=split,
         on_sampled=heldout_ev(tr.models, c.micro_batch_size, 1 if tr.parallel.sharded else c.eval.samples_per_problem)
-        if critic_trained else None))
+        if critic_trained else None, episode=tr.episode, judge=tr.eval_judge))
     on_record(tr.logger.log(tr.step, "eval", m))
     tr.history.last_eval = m
     return m

@@ -69,7 +69,8 @@ def sample_step(tr, models, phase: str, index: int, prompts: list, version: int)
         ro = sample_rollout(models, tr.task, problems, max_new_tokens=cfg.model.max_tokens,
                             temperature=cfg.model.temperature, top_p=cfg.model.top_p, prompt_format=tr.prompts,
                             with_sampler_log_probs=cfg.rollout.wants_sampler_log_probs,
-                            with_policy_outputs=phase == "policy" and reads_old_log_probs(cfg.rollout, models))
+                            with_policy_outputs=phase == "policy" and reads_old_log_probs(cfg.rollout, models),
+                            episode=tr.episode, judge=tr.judge)
     return ro if ro.weight_version is not None else replace(ro, weight_version=version)
 
 

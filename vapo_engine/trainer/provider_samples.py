@@ -34,6 +34,8 @@ from vapo_engine.providers.redaction import scrub_obj
 from vapo_engine.rundir import PROVIDER_CACHE as CACHE
 from vapo_engine.rundir import PROVIDER_JSON as STATE
 from vapo_engine.rundir import RunDir
+from vapo_engine.tasks import Problem
+from vapo_engine.tasks.verifiers import make_judge
 
 
 class NullProviderSamples:
@@ -74,6 +76,7 @@ class ProviderSamples:
         from vapo_engine.providers import ConcurrencyPolicy, ProviderWorker
         p = cfg.provider_rollouts
         self.rd, self.tok, self.task, self.log = RunDir(run_dir), tokenizer, task, log
+        self.judge = make_judge(cfg.data.verifier, task, cfg.data.verifier_timeout_s)  # what the run scores with
         self.prompt_format = prompt_format
         self.n = p.samples_per_prompt or cfg.vapo.group_size
         self.max_requests, self.cap = p.max_requests, p.max_tokens or cfg.model.max_tokens
@@ -134,7 +137,7 @@ class ProviderSamples:
 
     def _pair(self, prompt: str, answer: str, content: str) -> tuple[list[int], list[int]] | None:
         self.counts["checked"] += 1
-        if self.task.reward(content, answer) < 1.0:
+        if not self.judge([content], [Problem("provider", prompt, answer)])[0].correct:
             return None
         self.counts["correct"] += 1
         resp = self.tok(content, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]

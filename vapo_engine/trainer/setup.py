@@ -21,10 +21,12 @@ from vapo_engine.config import TrainConfig
 from vapo_engine.prompts import BUILTIN, PLAIN, PromptFormat, resolve_prompt_format
 from vapo_engine.prompts import describe as describe_prompts
 from vapo_engine.realmodels.source import packaged_name
+from vapo_engine.rollout.episodes import SINGLE_TURN, open_episode
 from vapo_engine.rundir import RunDir
 from vapo_engine.runs import RunInfo, load_run
 from vapo_engine.sinks import NullLogger, open_sinks
 from vapo_engine.tasks import Task, get_task
+from vapo_engine.tasks.verifiers import Judge, make_judge
 
 from .checkpoint import load_newest
 from .distributed import World, init_world
@@ -100,6 +102,12 @@ class Trainer:
     history: History = field(default_factory=History)
     prefetch: Prefetch = field(default_factory=Prefetch)
     """The next rollout sampled ahead with rollout.max_off_policy_steps > 0; the stale samples dropped."""
+    episode: object = SINGLE_TURN
+    """How responses are made (rollout.episode: single turn, or tool calls to MCP servers; rollout/episodes.py)."""
+    judge: Judge | None = None
+    """What scores the training task's responses (data.verifier; None = the task's default verifier)."""
+    eval_judge: Judge | None = None
+    """What scores the held-out task's responses."""
 
     @property
     def world(self) -> World:
@@ -140,6 +148,24 @@ def build_trainer(run_dir: Path, *, resume: bool = False, write: bool = True, lo
     device = pick_device(cfg.training.device, world.local_rank)
     data_dir = Path(cfg.data.data_dir)
     tasks = (get_task(cfg.data.train, data_dir), get_task(cfg.eval.benchmark, data_dir))  # not a checkpoint's fault
+    judges = [make_judge(cfg.data.verifier, t, cfg.data.verifier_timeout_s) for t in tasks]  # unknown name: now
+    episode = open_episode(cfg.rollout, _model_name(cfg, base), log if world.is_main else (lambda m: None))
+    try:
+        tr = _models_and_state(run_dir, cfg, info, base, device, parallel, tasks, resume, write, log)
+    except BaseException:
+        episode.close()  # the tool servers started above
+        raise
+    tr.episode, (tr.judge, tr.eval_judge) = episode, judges
+    if episode is not SINGLE_TURN and world.is_main:
+        log(f"episodes: {episode.describe()}")
+    return tr
+
+
+def _models_and_state(run_dir: Path, cfg: TrainConfig, info: RunInfo, base: Path, device, parallel: Parallel,
+                      tasks: tuple[Task, Task], resume: bool, write: bool, log) -> Trainer:
+    """The trainer with its models and state (fresh, or the newest checkpoint that loads), prompts, metric sinks
+    and provider samples."""
+    world = parallel.world
     make = (lambda ckpt: _assemble(cfg, info, _models(cfg, base, ckpt, device, parallel, info.seed), parallel,
                                    tasks))
     tr = None

@@ -97,6 +97,12 @@ class Generation:
     """(N, R) float: 1 where the policy wrote the token, 0 where the environment inserted it (a multi-turn episode's
     tool results, rollout/episodes.py) and after the response; None = `response_mask` (one turn: a backend's own
     output)."""
+    turns: torch.Tensor | None = None
+    """(N,) float: policy turns of each episode (rollout/episodes.py); None for one turn."""
+    tool_calls: torch.Tensor | None = None
+    """(N,) float: tool calls each episode made."""
+    tool_errors: torch.Tensor | None = None
+    """(N,) float: calls whose result was not the tool's complete answer (an error, a timeout, a bad call, a cut)."""
 
 
 class PolicyModels(Protocol):
