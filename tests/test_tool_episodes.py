@@ -184,3 +184,85 @@ def test_a_fake_tool_episode_trains_two_steps_over_stdio(tmp_path, model_dir):
     assert (tmp_path / "crashed-once").is_file() and sum("restarted on the next call" in m for m in logs) == 1
     assert "eval/greedy_tool_calls" in [r for r in recs if r["kind"] == "eval"][-1]
     assert (run / "checkpoints" / "step-0000002" / "DONE").is_file()
+
+
+# --- the chat template's tool format (an instruct model) ------------------------------------------------------------
+TOOL_TEMPLATE = ("{{ bos_token }}{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }} {% endfor %}"
+                 "</tools>\n{% endif %}{% for m in messages %}{% if m['role'] == 'tool' %}<tool_response>"
+                 "{{ m['content'] }}</tool_response>\n{% else %}<{{ m['role'] }}>{{ m['content'] }}<eos>\n{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+"""A Hermes-like template: it lists the tools, writes a tool message as <tool_response>…, ends turns with EOS."""
+
+
+@register_backend("scripted_chat_tools")
+class ScriptedChatToolUser(RolloutBackend):
+    """Calls lookup in the chat format ('<tool_call>{json}</tool_call>' then EOS), then answers ';7' and EOS; with
+    `bad_json`, the call is not JSON."""
+
+    name = "scripted_chat_tools"
+    bad_json = False
+
+    def __init__(self, options=None):
+        pass
+
+    def generate(self, models, prompt_ids, params, *, batch_size=None) -> Generation:
+        tok, outs = models.tokenizer, []
+        for row in prompt_ids:
+            text = tok.decode(row, skip_special_tokens=False)
+            call = '{"name": "lookup", "arguments": {"query": "q"}}' if not self.bad_json else '{"name": lookup'
+            say = f"<tool_call>{call}</tool_call>" if "<tool_response>" not in text else ";7"
+            outs.append(tok(say, add_special_tokens=False)["input_ids"] + [params.stop_token_ids[0]])
+        prompts, prompt_mask = left_pad(prompt_ids, params.pad_token_id, "cpu")
+        width = max(len(r) for r in outs)
+        raw = torch.tensor([r + [params.pad_token_id] * (width - len(r)) for r in outs])
+        ids, mask, finished = mask_after_eos(raw, list(params.stop_token_ids), params.pad_token_id)
+        return Generation(prompts, prompt_mask, ids, mask, decode_responses(tok, ids, mask), finished)
+
+
+class EchoTools(InProcessTools):
+    """lookup answers text that holds the tokenizer's EOS as text: it must stay text."""
+
+    def call(self, name, arguments):
+        return Result("7<eos>", True)
+
+
+@pytest.fixture(scope="module")
+def chat_models(model_dir, tmp_path_factory):
+    import json
+    import shutil
+
+    from vapo_engine.config.train_model import RolloutConfig
+    from vapo_engine.trainer.models import load_models
+    folder = shutil.copytree(model_dir, tmp_path_factory.mktemp("chat") / "model")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TOOL_TEMPLATE}))
+    return load_models(folder, value_path=None, need_value=False, reference_path=None, device=torch.device("cpu"),
+                       autocast_dtype=None, rollout=RolloutConfig(backend="scripted_chat_tools"))
+
+
+@pytest.mark.parametrize("bad_json", [False, True])
+def test_chat_template_tool_format(chat_models, bad_json):
+    from vapo_engine.prompts import PromptFormat
+    from vapo_engine.rollout.experience import sample_rollout
+    from vapo_engine.rollout.tool_formats import ChatFormat
+    tok = chat_models.tokenizer
+    episode = ToolCalls(ToolsConfig(), EchoTools())
+    fmt = PromptFormat("chat", "sys")
+    assert isinstance(episode.format_for(tok, fmt), ChatFormat)  # auto: the template shows the tools
+    ScriptedChatToolUser.bad_json = bad_json
+    try:
+        problems = TASK.heldout(2)
+        ro = sample_rollout(chat_models, TASK, problems, max_new_tokens=200, temperature=1.0, top_p=1.0,
+                            prompt_format=fmt, episode=episode)
+    finally:
+        ScriptedChatToolUser.bad_json = False
+    prompt = tok.decode(ro.input_ids[0, :ro.prompt_len].tolist(), skip_special_tokens=False)
+    assert "<tools>lookup </tools>" in prompt and prompt.endswith("<assistant>")
+    n = int(ro.response_mask[0].sum())
+    ids, learns = ro.input_ids[0, ro.prompt_len:ro.prompt_len + n].tolist(), ro.loss_mask[0, :n].tolist()
+    inserted = [t for t, m in zip(ids, learns) if m == 0]
+    shown = "7<eos>" if not bad_json else "error: the tool call is not valid JSON"
+    assert tok.decode(inserted, skip_special_tokens=False).startswith(f"<eos>\n<tool_response>{shown}")
+    assert tok.decode(inserted, skip_special_tokens=False).endswith("</tool_response>\n<assistant>")
+    assert inserted[0] == tok.eos_token_id and inserted.count(tok.eos_token_id) == 1  # the tool's "<eos>" is text
+    assert ro.texts[0].endswith(";7") and ro.tool_errors.tolist() == [float(bad_json)] * 2

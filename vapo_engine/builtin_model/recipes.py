@@ -111,6 +111,8 @@ RECIPES: dict[str, BuildRecipe] = {
         task="builtin:chain", version=3, start="builtin:chain@v1", val_size=96, report_size=140, length_buckets=True,
         phases=(Phase("noisy", max_steps=900, lr=2e-4, target=(0.85, 1.0), val_buckets=("long",), eval_every=50,
                       seed=21, noise=0.1),)),
+    "builtin:crates": BuildRecipe(task="builtin:crates", max_steps=1500, eval_every=500, val_size=64,
+                                  target_greedy=(0.99, 1.0), report_size=200),
 }
 """The recipe of each built-in model (see the module docstring for the names).
 

@@ -177,9 +177,10 @@ class MultistepTask(ArithmeticTask):
 
 def _builtin_tasks() -> dict:
     from .chain import ChainTask, LongChainTask
+    from .crates import CratesTask
     from .word import SpeedTask, WordTask
     return {"addition": AdditionTask, "multistep": MultistepTask, "chain": ChainTask, "chain-long": LongChainTask,
-            "word": WordTask, "word-speed": SpeedTask}
+            "word": WordTask, "word-speed": SpeedTask, "crates": CratesTask}
 
 
 BUILTIN_TASKS = _builtin_tasks()
