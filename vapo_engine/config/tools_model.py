@@ -18,7 +18,7 @@ TOOL_SERVER_NAME = r"^[a-z][a-z0-9_-]{0,39}$"
 
 
 class ToolServerConfig(Section):
-    """One MCP server: `command` (stdio) or `url` (streamable HTTP), not both."""
+    """One MCP server of [[rollout.tools.servers]]: `name`, and `command` (stdio) or `url` (streamable HTTP)."""
 
     name: str = Field(pattern=TOOL_SERVER_NAME)
     """A short name for logs and errors (e.g. "calc")."""
@@ -48,7 +48,7 @@ class ToolsConfig(Section):
     bounded by model.max_tokens, the token budget."""
     call_timeout_s: float = Field(10.0, gt=0, le=600)
     """Seconds one tool call may take; past it the policy sees a timeout error as the result (and a server that
-    no longer answers a ping is restarted)."""
+    then does not answer a tools/list request within 5 s is restarted)."""
     start_timeout_s: float = Field(60.0, gt=0, le=600)
     """Seconds a server may take to start and list its tools; a server that cannot refuses the run at start."""
     max_result_chars: int = Field(1000, ge=16, le=100_000)
