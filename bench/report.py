@@ -23,7 +23,7 @@ from pathlib import Path
 if not __package__:  # run as a file (`python bench/report.py`): make the bench package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib import render, render_smollm, render_trl
+from bench.lib import render, render_smollm, render_tools, render_trl
 from bench.lib.records import REPO
 
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
@@ -56,6 +56,9 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      "Where a smollm-word rollout step spends its time, and how far each part is from FLOPs ÷ the measured rate."),
     ("smollm_word_run", "VAPO on SmolLM2-135M-Instruct: the smollm-word preset", render_smollm.run,
      "Does held-out accuracy rise within an hour on 2 cores, and does the trained model answer the smoke question?"),
+    ("tool_use", "Tool use: RL with a calculator over MCP", render_tools.tool_use,
+     ("Does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and does held-out "
+      "accuracy follow — next to the same runs without it, under VAPO and GRPO?")),
 )
 INTRO = """# Results
 

@@ -145,3 +145,16 @@ def test_calculator_over_streamable_http():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_the_doctor_and_start_training_refuse_a_server_not_on_path(project, tmp_path):
+    """The preflight finds it before any run is queued: start_training (CLI caller) refuses with the finding."""
+    from tools.paths import Files, ToolInputError
+    from tools.training import start_training
+    from vapo_engine.doctor import run_doctor
+    bad = ['rollout.episode="tool_calls"', 'rollout.tools.servers=[{name="x", command=["no-such-tool-server-xyz"]}]']
+    report = run_doctor(project / "config.toml", preset="cpu-demo", overrides=bad, log_dir=tmp_path / "logs")
+    (finding,) = [f for f in report.findings if f.check == "tools"]
+    assert finding.severity == "error" and "rollout.tools.servers[0] (x): 'no-such-tool-server-xyz'" in finding.what
+    with pytest.raises(ToolInputError, match="no-such-tool-server-xyz"):
+        start_training(Files(project / "config.toml", project / "settings.json"), preset="cpu-demo", overrides=bad)

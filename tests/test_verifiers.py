@@ -77,3 +77,36 @@ def test_a_run_with_an_unknown_verifier_stops_at_start(tmp_path, model_dir):
     run = make_run(tmp_path, model_dir, ["data.verifier=exactly"])
     with pytest.raises(UnknownNameError, match="data.verifier: unknown verifier 'exactly'"):
         train(run, log=lambda m: None)
+
+
+def test_a_new_verifier_and_a_new_episode_are_one_registration_each(tmp_path, model_dir):
+    """design.md §10: a verifier or an episode written elsewhere is one `register` line away from a run's
+    data.verifier / rollout.episode (here registered from this file, as code outside the package would)."""
+    from tests.engine_helpers import make_run
+    from vapo_engine.metrics import read_metrics
+    from vapo_engine.rollout.episodes import EPISODES, SingleTurn
+    from vapo_engine.trainer.loop import train
+
+    class Lenient:  # every response is right
+        name = "lenient"
+
+        def check(self, response, problem):
+            return 1.0
+
+    class Echo(SingleTurn):  # a single turn whose texts are the prompts (the verifier sees them)
+        name = "echo"
+
+        def sample(self, models, prompts, **how):
+            gen = super().sample(models, prompts, **how)
+            gen.texts = list(prompts)
+            return gen
+    VERIFIERS.register("lenient", Lenient)
+    EPISODES.register("echo", Echo)
+    try:
+        run = make_run(tmp_path, model_dir, ["data.verifier=lenient", "rollout.episode=echo", "training.total_steps=1"])
+        assert train(run, log=lambda m: None)["status"] == "succeeded"
+    finally:
+        VERIFIERS.pop("lenient")
+        EPISODES.pop("echo")
+    step = next(r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train")
+    assert step["rollout/accuracy"] == 1.0

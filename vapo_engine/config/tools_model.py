@@ -7,6 +7,9 @@ start programs on this machine, so they come from config.toml or the CLI only: a
 """
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -33,6 +36,17 @@ class ToolServerConfig(Section):
     def where(self) -> str:
         """How the server is reached, for messages: its command line or its URL."""
         return " ".join(self.command) if self.command else str(self.url)
+
+    def program(self) -> str | None:
+        """The stdio command's program as it will be run: a path, a name found on PATH, or "vapo-mcp" as this
+        installation's own command when PATH lacks it; None when it cannot be found (or for a URL)."""
+        if not self.command:
+            return None
+        name = self.command[0]
+        if shutil.which(name):
+            return shutil.which(name)
+        own = Path(sys.executable).parent / "vapo-mcp"
+        return str(own) if name == "vapo-mcp" and own.is_file() else None
 
 
 class ToolsConfig(Section):

@@ -4,7 +4,7 @@
 (never its weights) and reports findings — severity, what, the numbers, the fix — for: batch / mini-batch /
 group / world-size divisibility; memory per rank for the strategy and precision (measured bytes per parameter)
 against the GPU or RAM; disk for the checkpoints kept; the datasets; the chat template round trip; the thread
-budget; the API channel (provider samples) and rollout server. `vapo-mcp doctor`, the `doctor` tool and
+budget; the API channel (provider samples), rollout server and MCP tool servers. `vapo-mcp doctor`, the `doctor` tool and
 `start_training` (which refuses on an error) call it. Torch is imported only by the checks that need it (a
 tokenizer, an architecture without a formula, a rollout backend), never on import.
 """
@@ -25,6 +25,7 @@ from .inputs import data_findings, model_dir, template_findings
 from .network import channel_findings, rollout_findings, tcp_problem
 from .resources import disk_findings, memory_findings, thread_findings
 from .sizes import read_shape
+from .tools import tool_findings
 
 __all__ = ["DoctorReport", "Finding", "Host", "run_doctor", "tcp_problem"]
 
@@ -55,6 +56,7 @@ def run_doctor(config_path: str | Path, *, preset: str | None = None, overrides:
     found += _guarded("memory", lambda: _sized(cfg, host, Path(log_dir)))
     found += _guarded("threads", lambda: thread_findings(cfg, host))
     found += _guarded("network", lambda: channel_findings(cfg, channel_url) + rollout_findings(cfg))
+    found += _guarded("tools", lambda: tool_findings(cfg))
     return DoctorReport.of(found)
 
 

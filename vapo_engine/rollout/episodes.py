@@ -186,17 +186,20 @@ def make_episode(rollout_cfg, tools: ToolBox | None = None, where: str = "the mo
 
 
 def open_episode(rollout_cfg, where: str = "the model", log=print):
-    """A run's episode: `make_episode` after starting the MCP servers of [rollout.tools] when it calls tools (a
-    server that cannot start refuses the run here, before any weights load: mcp_tools.ToolServerError)."""
+    """A run's episode: `make_episode` after starting the MCP servers of [rollout.tools] (a server that cannot
+    start refuses the run here, before any weights load: mcp_tools.ToolServerError)."""
     cls = EPISODES.lookup(rollout_cfg.episode)
     if cls is SingleTurn:
         return SINGLE_TURN
-    from .mcp_tools import McpTools
-    tools = McpTools(rollout_cfg.tools, log=log).start()
+    tools = None
+    if rollout_cfg.tools.servers:
+        from .mcp_tools import McpTools
+        tools = McpTools(rollout_cfg.tools, log=log).start()
     try:
         return cls(rollout_cfg.tools, tools, where)
     except BaseException:
-        tools.close()
+        if tools is not None:
+            tools.close()
         raise
 
 

@@ -18,11 +18,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import shutil
-import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vapo_engine.config.tools_model import ToolsConfig, ToolServerConfig
@@ -236,12 +233,9 @@ def _target(cfg: ToolServerConfig):
     if cfg.url:
         return cfg.url
     from mcp.client.stdio import StdioServerParameters
-    program = cfg.command[0]
-    if program == "vapo-mcp" and shutil.which(program) is None:
-        own = Path(sys.executable).parent / "vapo-mcp"
-        program = str(own) if own.is_file() else program
-    if shutil.which(program) is None:
-        raise FileNotFoundError(f"{program!r} is not an executable file and not on PATH")
+    program = cfg.program()
+    if program is None:
+        raise FileNotFoundError(f"{cfg.command[0]!r} is not an executable file and not on PATH")
     return StdioServerParameters(command=program, args=list(cfg.command[1:]))
 
 
