@@ -123,12 +123,14 @@ class ToolCalls:
             gen = models.backend.generate(models, [r.context for r in active], params, batch_size=batch_size)
             version = gen.weight_version if gen.weight_version is not None else version
             have_lp = have_lp and gen.log_probs is not None  # one turn without them: none for the episode
-            for j, row in enumerate(active):
-                self._turn(row, gen, j, fmt, tok, max_new_tokens, last=turn == self.cfg.max_turns - 1)
+            calls = [(row, self._turn(row, gen, j, fmt, tok, max_new_tokens, last=turn == self.cfg.max_turns - 1))
+                     for j, row in enumerate(active)]
+            self._results([(row, call) for row, call in calls if call is not None], fmt, tok, max_new_tokens)
         return self._generation(rows, starts, tok, version, have_lp)
 
-    def _turn(self, row: _Row, gen: Generation, j: int, fmt, tok, budget: int, last: bool) -> None:
-        """Append row's sampled turn (cut at a call's end, or at the budget) and, for a call, its result."""
+    def _turn(self, row: _Row, gen: Generation, j: int, fmt, tok, budget: int, last: bool):
+        """Append row's sampled turn (cut at a call's end tag, or at the budget); the parsed call, or None when
+        the episode ended (a final answer, the sampler's limit, the budget)."""
         n = int(gen.response_mask[j].sum().round())
         ids = gen.response_ids[j, :n].tolist()
         lps = gen.log_probs[j, :n].tolist() if gen.log_probs is not None else None
@@ -138,19 +140,27 @@ class ToolCalls:
         row.turns += 1
         row.add(ids[:room], True, lps[:len(ids[:room])] if lps is not None else None)
         row.text.append(tok.decode(ids[:room], skip_special_tokens=True))
-        if cut is None or len(ids) > room:  # a final answer (EOS or the sampler's limit), or out of budget
+        if cut is None or len(ids) > room:
             row.done, row.finished = True, cut is None and bool(gen.finished[j]) and len(ids) <= room
-            return
+            return None
         row.calls += 1
-        call = fmt.parse(row.text[-1])
-        result = self.tools.call(call.name, call.arguments) if call.error is None else None
-        ok = result is not None and result.ok
-        row.errors += 0 if ok else 1
-        obs = fmt.observation(tok, result.text if result is not None else call.error)
-        room = budget - len(row.ids)
-        row.add(obs[:room], False)
-        if len(obs) >= room:
-            row.done = True
+        return fmt.parse(row.text[-1])
+
+    def _results(self, calls: list, fmt, tok, budget: int) -> None:
+        """Run one turn's calls together and append each result (an error text for a malformed call)."""
+        runnable = [(row, call) for row, call in calls if call.error is None]
+        many = getattr(self.tools, "call_many", None)
+        pairs = [(c.name, c.arguments) for _, c in runnable]
+        results = dict(zip((id(r) for r, _ in runnable),
+                           many(pairs) if many else [self.tools.call(*p) for p in pairs]))
+        for row, call in calls:
+            result = results.get(id(row))
+            row.errors += 0 if result is not None and result.ok else 1
+            obs = fmt.observation(tok, result.text if result is not None else call.error)
+            room = budget - len(row.ids)
+            row.add(obs[:room], False)
+            if len(obs) >= room:
+                row.done = True
 
     def _generation(self, rows: list[_Row], starts, tok, version, with_log_probs: bool) -> Generation:
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

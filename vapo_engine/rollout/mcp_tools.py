@@ -2,7 +2,8 @@
 
 `McpTools(cfg).start()` starts every server (a stdio command: its own process; a streamable-HTTP URL: a session),
 lists its tools and keeps the sessions open for the run, on an asyncio loop in a background thread;
-`call(name, arguments)` is synchronous and always returns a `ToolResult` — the tool's text, or an error text
+`call(name, arguments)` (or `call_many`, the calls of one turn of a batch at once, so a hanging server costs a
+turn one timeout, not one per episode) is synchronous and always returns a `ToolResult` — the tool's text, or an error text
 for the policy to read: an unknown tool, bad arguments, a tool error, no answer within `call_timeout_s`, a
 server that crashed, a result over `max_result_chars` (cut, with a note). None of these fails the run. After a
 timeout or an error of the protocol the server must answer a tools/list request within a few seconds (a
@@ -51,6 +52,8 @@ class _Server:
     tools: list = field(default_factory=list)
     restarts: int = 0
     down: str | None = None
+    lock: asyncio.Lock | None = None
+    """Held while the session is (re)started or dropped: concurrent calls agree on one restart."""
 
 
 class McpTools:
@@ -87,14 +90,18 @@ class McpTools:
 
     def call(self, name: str, arguments: dict) -> ToolResult:
         """The result of tool `name` (never raises)."""
-        srv = self.owner.get(name)
-        if srv is None:
-            return ToolResult(f"error: no tool named {name[:60]!r}; tools: {', '.join(self.owner) or 'none'}", False)
+        return self.call_many([(name, arguments)])[0]
+
+    def call_many(self, calls: list[tuple[str, dict]]) -> list[ToolResult]:
+        """The results of (name, arguments) calls, run concurrently (never raises)."""
+        async def all_of():
+            return await asyncio.gather(*(self._dispatch(name, args) for name, args in calls))
         try:
-            return self._run(self._call(srv, name, arguments), self.cfg.call_timeout_s + PROBE_TIMEOUT_S
-                             + self.cfg.start_timeout_s + 2 * CLOSE_TIMEOUT_S)
+            return self._run(all_of(), self.cfg.call_timeout_s + PROBE_TIMEOUT_S + self.cfg.start_timeout_s
+                             + 2 * CLOSE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
-            return ToolResult(f"error: {name} did not answer within {self.cfg.call_timeout_s:g} s", False)
+            return [ToolResult(f"error: {name} did not answer within {self.cfg.call_timeout_s:g} s", False)
+                    for name, _ in calls]
 
     def close(self) -> None:
         """Stop every server and the loop (idempotent)."""
@@ -144,20 +151,36 @@ class McpTools:
         finally:
             srv.client = None
 
+    async def _dispatch(self, name: str, arguments) -> ToolResult:
+        srv = self.owner.get(name)
+        if srv is None:
+            return ToolResult(f"error: no tool named {str(name)[:60]!r}; tools: {', '.join(self.owner) or 'none'}",
+                              False)
+        return await self._call(srv, name, arguments if isinstance(arguments, dict) else {})
+
+    async def _session(self, srv: _Server):
+        """`srv`'s client, restarted first when it is down (one restart for all concurrent callers)."""
+        srv.lock = srv.lock or asyncio.Lock()
+        async with srv.lock:
+            if srv.client is None:
+                await self._restart(srv)
+            return srv.client
+
     async def _call(self, srv: _Server, name: str, arguments: dict) -> ToolResult:
-        if srv.client is None and not await self._restart(srv):
+        client = await self._session(srv)
+        if client is None:
             return ToolResult(f"error: tool server {srv.cfg.name} is unavailable ({srv.down})", False)
         from mcp.shared.exceptions import MCPError
         try:
-            res = await asyncio.wait_for(srv.client.call_tool(name, arguments), self.cfg.call_timeout_s)
+            res = await asyncio.wait_for(client.call_tool(name, arguments), self.cfg.call_timeout_s)
         except asyncio.TimeoutError:
-            await self._check_alive(srv)
+            await self._check_alive(srv, client)
             return ToolResult(f"error: {name} did not answer within {self.cfg.call_timeout_s:g} s", False)
         except MCPError as e:  # a JSON-RPC error answer, or the SDK's "connection closed": check the server
-            await self._check_alive(srv)
+            await self._check_alive(srv, client)
             return self._cut(f"error: {e}", ok=False)
         except Exception as e:  # noqa: BLE001 - a broken transport: the call fails, the server is checked
-            await self._check_alive(srv)
+            await self._check_alive(srv, client)
             return ToolResult(f"error: tool server {srv.cfg.name} failed ({_reason(e)})", False)
         text = _text_of(res)
         return self._cut(f"error: {text}" if res.is_error else text, ok=not res.is_error)
@@ -168,14 +191,18 @@ class McpTools:
             return ToolResult(text, ok)
         return ToolResult(text[:cap] + f" [cut: {len(text) - cap} more characters]", False)
 
-    async def _check_alive(self, srv: _Server) -> None:
-        """After a timeout or a failure: a server that does not list its tools within PROBE_TIMEOUT_S is stopped
-        (and restarted on the next call)."""
-        try:
-            await asyncio.wait_for(srv.client.list_tools(cache_mode="bypass"), PROBE_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - no answer, a closed transport: either way it is gone
-            self.log(f"tool server {srv.cfg.name}: no answer to a liveness probe; it is restarted on the next call")
-            await self._drop(srv)
+    async def _check_alive(self, srv: _Server, client) -> None:
+        """After a timeout or a failure of `client`'s call: a server that does not list its tools within
+        PROBE_TIMEOUT_S is stopped (and restarted on the next call) — unless another call already did."""
+        async with srv.lock:
+            if srv.client is not client:
+                return
+            try:
+                await asyncio.wait_for(client.list_tools(cache_mode="bypass"), PROBE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - no answer, a closed transport: either way it is gone
+                self.log(f"tool server {srv.cfg.name}: no answer to a liveness probe; it is restarted on the next "
+                         "call")
+                await self._drop(srv)
 
     async def _restart(self, srv: _Server) -> bool:
         if srv.down is not None:
