@@ -30,7 +30,7 @@ from vapo_engine.builtin_model.shipped import (
     recipe_record,
 )
 
-TEST_SIZE = {"builtin:addition": 200, "builtin:chain": 42}
+TEST_SIZE = {"builtin:addition": 200, "builtin:chain": 42, "builtin:crates": 100}
 """The first problems of the held-out set that tests/test_shipped_models.py evaluates (seconds on one core);
 42 chains are 3 of each length."""
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",

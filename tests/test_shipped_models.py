@@ -25,7 +25,7 @@ from vapo_engine.builtin_model.shipped import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ["builtin:addition", "builtin:chain", "builtin:chain@planted-stop", "builtin:chain@v1"]
+SHIPPED = ["builtin:addition", "builtin:chain", "builtin:chain@planted-stop", "builtin:chain@v1", "builtin:crates"]
 
 
 def _tree(folder: Path) -> dict:

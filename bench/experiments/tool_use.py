@@ -32,9 +32,9 @@ TRAIN_KEYS = ("rollout/tool_use", "rollout/tool_calls", "rollout/tool_errors", "
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="policy steps of each run")
+    p.add_argument("--steps", type=int, default=60, help="policy steps of each run")
     p.add_argument("--seeds", default="42", help="comma-separated seeds")
-    p.add_argument("--eval-interval", type=int, default=10, help="policy steps between evaluations")
+    p.add_argument("--eval-interval", type=int, default=15, help="policy steps between evaluations")
     p.add_argument("--smoke", action="store_true", help="tiny runs to check the script works")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
     return p.parse_args(argv)
