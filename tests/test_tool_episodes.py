@@ -151,7 +151,8 @@ def test_gradient_on_tool_output_tokens_is_exactly_zero(models):
     p, n = ro.prompt_len, ro.response_mask.shape[1]
     inserted = (ro.response_mask - ro.loss_mask).bool()
     assert inserted.any()
-    logits_grad = grads["policy"][:, p - 1:p - 1 + n]  # the logits that predict response token t
+    first = grads["policy"].shape[1] - n - 1  # p − 1, or 0 when the LM head ran on the last n + 1 positions only
+    logits_grad = grads["policy"][:, first:first + n]  # the logits that predict response token t
     value_grad = grads["value"][:, p - 1:p - 1 + n, 0]  # V(s_t), the value before response token t
     assert torch.count_nonzero(logits_grad[inserted]) == 0 and torch.count_nonzero(value_grad[inserted]) == 0
     assert torch.count_nonzero(logits_grad[ro.loss_mask.bool()]) > 0 and torch.count_nonzero(value_grad) > 0
