@@ -26,8 +26,8 @@ def tool_use(rec: dict) -> str:
                      f"{f(calls[0], 2)} → {f(calls[1], 2)} | {f(use[0], 2)} → {f(use[1], 2)} | "
                      f"{f(_mean(r['train'], 'tool_errors'), 3)} | {r['wall_s']:.0f} |")
     note = (f"Preset `{c['preset']}` (the built-in model `builtin:crates`, whose warm start calls the calculator on "
-            f"30% of the problems on purpose), {c['steps']} policy steps, evaluation every {c['eval_interval']} steps "
-            "with the run's own episode; with the calculator = `rollout.episode = \"tool_calls\"` and `vapo-mcp "
+            "a share of the problems on purpose: `TOOL_RATE` in vapo_engine/tasks/crates.py), "
+            f"{c['steps']} policy steps, evaluation every {c['eval_interval']} steps with the run's own episode; with the calculator = `rollout.episode = \"tool_calls\"` and `vapo-mcp "
             "tool-server calculator` over stdio, without = `single_turn`, where a call reaches nothing. — = not "
             "logged (no tool calls in single-turn runs). One seed per arm: the curves show what happened in these "
             "runs, not an effect size.")
