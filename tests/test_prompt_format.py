@@ -142,7 +142,9 @@ def test_a_chat_model_trains_and_provider_answers_are_encoded_like_rollouts(tmp_
     assert seen["prompt_format"] == tr.prompts and tr.prompts.mode == "chat"
     assert tr.eval_prompts.system == tr.eval_task.system_prompt
     problems, ro = _rollout(tr.models, tr.prompts)
-    fake = SimpleNamespace(counts=Counter(), task=TASK, tok=tr.models.tokenizer, cap=64, prompt_format=tr.prompts)
+    from vapo_engine.tasks.verifiers import make_judge
+    fake = SimpleNamespace(counts=Counter(), task=TASK, tok=tr.models.tokenizer, cap=64, prompt_format=tr.prompts,
+                           judge=make_judge("", TASK))
     for row, prob in zip(_prompt_rows(ro), problems):
         prompt_ids, resp = ProviderSamples._pair(fake, prob.prompt, prob.answer, TASK.solve(prob.prompt))
         assert prompt_ids == row == encode_prompts(tr.models.tokenizer, [prob.prompt], tr.prompts)[0]
