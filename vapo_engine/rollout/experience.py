@@ -275,10 +275,10 @@ def joined_log_probs(model, a: Rollout, b: Rollout) -> tuple[torch.Tensor, torch
 
 def response_values(value_model, ro: Rollout, log_probs: torch.Tensor | None = None) -> torch.Tensor:
     """V(s_t) for each response token t: the value head at the position before the token. (N, R). A `surprise`
-    head (rollout/value_head.py) also reads the policy's log-probs of the written tokens: `log_probs` (N, R), or
-    the rollout's old log-probs."""
+    head (rollout/value_head.py) also reads the policy's log-probs of the tokens it wrote (the loss mask: inserted
+    tool output is not the policy's draw): `log_probs` (N, R), or the rollout's old log-probs."""
     lp = ro.old_log_probs if log_probs is None else log_probs
-    with head_inputs(value_model, None if lp is None else lp.detach(), ro.response_mask, ro.prompt_len):
+    with head_inputs(value_model, None if lp is None else lp.detach(), ro.loss_mask, ro.prompt_len):
         out = value_model(input_ids=ro.input_ids, attention_mask=ro.attention_mask, position_ids=ro.position_ids,
                           use_cache=False)
     p = ro.prompt_len
