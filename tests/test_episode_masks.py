@@ -1,4 +1,4 @@
-"""Where a sequence ends vs which tokens learn (issue 37, docs/design.md §3.2): a rollout whose response holds
+"""Where a sequence ends vs which tokens learn (docs/design.md §3.2 and §3.14): a rollout whose response holds
 tokens the environment inserted (a tool's result, loss mask 0) puts its reward on the last token the policy wrote,
 counts only policy tokens in the length-adaptive λ, and GAE steps over the inserted span as one transition of the
 environment — checked against values computed by hand."""

@@ -1,4 +1,4 @@
-"""Single-turn rollouts are unchanged bit for bit by the loss mask, verifiers and episodes (issue 37): two short
+"""Single-turn rollouts are unchanged bit for bit by the loss mask, verifiers and episodes (docs/design.md §3.14): two short
 fixed-seed runs (VAPO with value pretraining, KL and replay; GRPO) on the shipped planted-stop chain model, whose
 responses differ in length and are partly right, write exactly the metrics that main wrote before those changes
 (tests/data/single_turn_metrics.json; timings left out). The record is made by this file run from a checkout of

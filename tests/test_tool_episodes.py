@@ -1,4 +1,4 @@
-"""Multi-turn tool-calling episodes (issue 37): results are inserted with loss mask 0 and learn nothing (the gradient
+"""Multi-turn tool-calling episodes (docs/design.md §3.14): results are inserted with loss mask 0 and learn nothing (the gradient
 on tool-output tokens is exactly zero), a fake-tool episode trains two steps through the real loop with a real MCP
 server over stdio, and every tool fault is an observation (rollout/episodes.py, rollout/tool_formats.py).
 

@@ -1,4 +1,4 @@
-"""Tools from MCP servers (issue 37, vapo_engine/rollout/mcp_tools.py): real servers over stdio and streamable HTTP;
+"""Tools from MCP servers (docs/design.md §3.14, vapo_engine/rollout/mcp_tools.py): real servers over stdio and streamable HTTP;
 every fault — a server that hangs, crashes mid-run, answers 10 MB, writes invalid JSON, or is not on PATH — is an
 observation for the policy or one clear line at start, never a failed run. The built-in calculator."""
 from __future__ import annotations

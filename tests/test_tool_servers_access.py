@@ -1,5 +1,5 @@
 """[rollout.tools] names programs the trainer starts and servers it calls: a tool call of this MCP server
-(start_training, ablate; an override or a preset file) may not set them, the CLI and config.toml may (issue 37)."""
+(start_training, ablate; an override or a preset file) may not set them, the CLI and config.toml may (docs/design.md §3.14)."""
 from __future__ import annotations
 
 import pytest

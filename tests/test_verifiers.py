@@ -1,4 +1,4 @@
-"""Verifiers (issue 37, vapo_engine/tasks/verifiers.py): "correct" is decided in one place, every check is bounded by
+"""Verifiers (docs/design.md §3.14, vapo_engine/tasks/verifiers.py): "correct" is decided in one place, every check is bounded by
 a timeout, a verifier that raises scores 0, tasks name their default, and an unknown name stops a run at start."""
 from __future__ import annotations
 

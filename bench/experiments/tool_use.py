@@ -1,4 +1,4 @@
-"""Tool use (issue 37): does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and
+"""Tool use (docs/design.md §3.14): does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and
 does held-out accuracy follow — next to the same runs without the tool?
 
 Preset `tools-crates`: the built-in model `builtin:crates`, whose warm start calls the calculator on 30% of the

@@ -320,7 +320,7 @@ class RolloutConfig(Section):
     request_timeout_s: float = Field(600.0, gt=0, le=24 * 3600)
     """Timeout of one request to a replica (a prompt's samples, or a weight load); a timed-out replica counts as
     failed and its request goes to another."""
-    # Off-policy correction and staleness (issue 25 items 4-5; vapo_engine/algo/mismatch.py).
+    # Off-policy correction and staleness (docs/design.md §3.13; vapo_engine/algo/mismatch.py).
     is_mode: Literal["auto", "truncate", "mask", "off"] = "auto"
     """How the trainer corrects for tokens sampled by another copy of the policy (an inference server, or an
     older snapshot with max_off_policy_steps > 0): the per-token weight π_trainer / π_sampler (the trainer's

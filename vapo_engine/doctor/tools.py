@@ -1,4 +1,4 @@
-"""The doctor's check of [rollout.tools] (issue 37): every MCP tool server a tool-calling run would start must be
+"""The doctor's check of [rollout.tools] (docs/design.md §3.14): every MCP tool server a tool-calling run would start must be
 startable — a stdio program found (on PATH, a path, or this installation's vapo-mcp), an HTTP server's port
 open — so start_training refuses at the call, not in the worker's log. Nothing is started here."""
 from __future__ import annotations

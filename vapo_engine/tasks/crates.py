@@ -1,5 +1,5 @@
 """`builtin:crates`: one-line word problems whose answer is the product of two 2-digit numbers — easy to read, hard
-to compute for a ~1M-parameter character model, trivial with a calculator (issue 37's tool-use demo).
+to compute for a ~1M-parameter character model, trivial with a calculator (the tool-use demo, docs/training.md).
 
     "37 crates hold 24 apples each. How many apples?"  ->  ";888"
     with the calculator (rollout.episode = "tool_calls", tags format):

@@ -1,4 +1,4 @@
-"""Old outputs of a rollout, with the first update's forward pass taken at the same time (issue 24).
+"""Old outputs of a rollout, with the first update's forward pass taken at the same time (docs/design.md §3.7).
 
 Before the first optimizer step of a rollout the models still have the weights that sampled it, so the forward
 pass of the first micro-batch of the first mini-batch IS the old-output pass of those rows: `old_outputs` runs it

@@ -187,7 +187,7 @@ class ProviderSamples:
 def _channel(cfg: TrainConfig):
     """The channel exactly as the tools resolve it: the settings.json of the server that started this attempt
     (`SETTINGS_ENV` in the environment), the environment and the .env next to it. Nothing of it comes from the
-    run directory, which is data: a path recorded there could send the key to any base URL (issue 23)."""
+    run directory, which is data: a path recorded there could send the key to any base URL (docs/security.md)."""
     path = os.environ.get(SETTINGS_ENV)
     if not path:
         raise ValueError(f"the worker was started without {SETTINGS_ENV} (the server's settings.json); start the "
