@@ -23,18 +23,26 @@ from pathlib import Path
 if not __package__:  # run as a file (`python bench/report.py`): make the bench package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib import render, render_smollm, render_tools, render_trl
+from bench.lib import render, render_critic, render_smollm, render_tools, render_trl
 from bench.lib.records import REPO
 
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
 END = "<!-- results:end -->"
 
 SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function of the record)
-    ("ablation_chain_paired", "VAPO's parts on builtin:chain: the paired ablation", render.ablation_paired,
+    ("ablation_chain_paired", "VAPO's parts on builtin:chain: the paired ablation (hidden-state critic)", render.ablation_paired,
      ("Which of VAPO's parts change how fast the long end improves, next to GRPO and rejection-sampling fine-tuning "
      "at an equal sample budget (value-pretraining rollouts counted)?")),
-    ("critic", "The critic against its ceiling", render.critic,
-     "How much of the return variance does the pretrained critic explain, and how much could any critic?"),
+    ("ablation_chain_critic", "VAPO with the surprise-head critic: the paired ablation", render.ablation_paired,
+     ("With a critic that sees the policy's mistakes, does VAPO improve the long end faster than GRPO and "
+      "rejection-sampling fine-tuning at an equal sample budget, and does a critic pretrained once and reused pay?")),
+    ("critic_fit", "Why the critic learnt nothing on builtin:chain, and the fix", render_critic.critic_fit,
+     ("Can a policy-sized critic fit the value of this policy at all — with which head, recipe, initialisation and "
+      "targets, from how many rollouts — and what can it see of the policy's mistakes?")),
+    ("critic_surprise", "The surprise-head critic against its ceiling", render.critic,
+     "How much of the return variance does the value-pretrained surprise-head critic explain, against any critic's?"),
+    ("critic", "The hidden-state critic against its ceiling (before the fix)", render.critic,
+     "How much of the return variance does the pretrained linear-head critic explain, and how much could any critic?"),
     ("warm_start", "The chain models RL starts from", render.warm_start,
      "What each built-in chain model gets right and wrong before RL, and how its deficit was made."),
     ("chain_lookup", "Reading a sign from far back in the prompt", render.chain_lookup,
@@ -60,6 +68,8 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      ("Does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and does held-out "
       "accuracy follow — next to the same runs without it, under VAPO and GRPO?")),
 )
+HEADLINES = ("ablation_chain_critic", "ablation_chain_paired")
+"""The README's headline: the newest paired ablation on builtin:chain that has a record."""
 INTRO = """# Results
 
 Rendered by `python -m bench.report` from the records in `bench/results/` (one JSON file per benchmark, with the
@@ -89,7 +99,8 @@ def render_results(results: Path) -> str:
 
 def render_headline(results: Path) -> str:
     """The README's results block: the paired ablation's verdict and its compact table, with a link."""
-    rec = _load(results, "ablation_chain_paired")
+    name = next((n for n in HEADLINES if (results / f"{n}.json").is_file()), HEADLINES[-1])
+    rec = _load(results, name)
     if rec is None:
         return "No headline record yet: run `python -m bench.experiments.ablation --budget …` (docs/results.md lists every record)."
     c = rec["config"]
@@ -104,14 +115,17 @@ def render_headline(results: Path) -> str:
         lines.append(f"| {render._label(row['variant'])} | {render.f(row['area_mean'])} | "
                      f"{'' if t is None else render._interval(t)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} |")
     lines += ["", render._resolution(rec["table"], len(c["seeds"]))]
-    crit = _load(results, "critic")
+    fit = _load(results, "critic_fit")
+    if fit is not None:
+        lines += ["", render_critic.critic_fit_summary(fit)]
+    crit = _load(results, "critic_surprise" if name == "ablation_chain_critic" else "critic")
     if crit is not None:
-        lines += ["", render.critic_summary(crit)]
+        lines += ["", render.critic_summary(crit, "critic_surprise" if name == "ablation_chain_critic" else "critic")]
     trl = _load(results, "trl_side_by_side")
     if trl is not None:
         lines += ["", render_trl.trl_summary(trl)]
     lines += ["", (f"Design, plots and every other measurement: [docs/results.md](docs/results.md) (record "
-                   f"`bench/results/ablation_chain_paired.json`, {rec['date_utc']}).")]
+                   f"`bench/results/{name}.json`, {rec['date_utc']}).")]
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
-from bench.lib.runs import ParityReward
+from bench.lib.runs import reward_parity
 
 
 def main(run_dir: str, out: str):
@@ -17,7 +17,7 @@ def main(run_dir: str, out: str):
     from vapo_engine.trainer.loop import rollout_step
     from vapo_engine.trainer.setup import build_trainer
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
-    tr.task = ParityReward(tr.task)
+    reward_parity(tr)
     metrics = rollout_step(tr)
     grads = (lambda m: torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.grad is not None]))
     if tr.world.is_main:

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
+from bench.lib.runs import ParityReward
 from tests.conftest import ROOT
 from tests.engine_helpers import make_run
-from tests.lora_dist_step import ParityReward
 from tests.lora_dist_step import main as one_process_step
 from tests.mcp_helpers import text
 from vapo_engine.config import ConfigError, load_config

@@ -471,6 +471,8 @@ def main() -> None:
               "oracle": oracle, "probe": probed, "arms": results, "wall_s_total": round(time.perf_counter() - t0, 1), "load_avg_start": load0,
               "load_avg_end": load_avg()}
     path = write_record(a.name, record, Path(a.out) if a.out else None)
+    from bench.lib.render_critic import plot
+    plot(record, path.with_suffix(".png"))
     print(f"record: {path}")
 
 

@@ -37,7 +37,8 @@ def machine(rec: dict) -> str:
         if rec.get("commit") else ""
     return (f"*{m['cpu_model']}, {m['logical_cores']} logical cores, torch {m['torch']}; "
             f"`{rec['command']}`; {rec['wall_s_total']:.0f} s wall; load average at start/end "
-            f"{rec['load_avg_start']} / {rec['load_avg_end']} ({rec['date_utc']}{commit})*")
+            f"{rec['load_avg_start']} / {rec['load_avg_end']} ({rec['date_utc']}{commit})"
+            f"{'; ' + rec['note'] if rec.get('note') else ''}*")
 
 
 def section(lines: list[str], rec: dict, *notes: str) -> str:
@@ -159,7 +160,8 @@ def critic(rec: dict) -> str:
                 lines.append(f"| {kind} | {scope.replace('_', ' ')} | " + " | ".join(f(row[n]) for n in names)
                              + f" | {f(row['monte_carlo'])} | {f(row['ceiling'])} | {t['states']} |")
     curves = "; ".join(f"{s['name']}: {', '.join(f(x, 2) for x in s['curve'])}" for s in rec["sweep"])
-    lines += ["", (f"Preset {c['preset']}. Critics: value pretraining alone from the initial policy (seed 1), held-out "
+    over = f" with {', '.join(f'`{o}`' for o in c['overrides'])}" if c.get("overrides") else ""
+    lines += ["", (f"Preset {c['preset']}{over}. Critics: value pretraining alone from the initial policy (seed 1), held-out "
                    f"EV of each round before training on it — {curves}. Measured on {top['prompts']} held-out "
                    f"prompts × {top['group']} responses of the initial policy (accuracy {f(top['accuracy'])}, mean "
                    f"length {f(top['mean_response_length'], 1)} tokens): at every line start (`line`) and right after "
@@ -171,14 +173,17 @@ def critic(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def critic_summary(rec: dict) -> str:
+def critic_summary(rec: dict, name: str = "critic") -> str:
     """One sentence: the longest-trained critic's EV over all states against the ceiling, overall and within prompt."""
     top = rec["ceiling"]
-    name, t = top["critics"][-1], top["ev"]["all"]
-    mine, ceil = t["within_prompt"][name], t["within_prompt"]["ceiling"]
+    label, t = top["critics"][-1], top["ev"]["all"]
+    mine, ceil = t["within_prompt"][label], t["within_prompt"]["ceiling"]
     share = "none of it (EV ≤ 0)" if mine <= 0 else f"{mine / ceil:.0%} of it"
-    return (f"**The critic** ({name}; `bench/results/critic.json`, {top['continuations']} Monte-Carlo continuations "
-            f"per state, {t['states']} states): explained variance {f(t['overall'][name])} over all states against "
+    head = next((o.split("=", 1)[1].strip('"') for o in rec["config"].get("overrides", [])
+                 if o.startswith("critic.head=")), None)
+    return (f"**The critic** ({label}{f', {head} head' if head else ''}; `bench/results/{name}.json`, "
+            f"{top['continuations']} Monte-Carlo continuations "
+            f"per state, {t['states']} states): explained variance {f(t['overall'][label])} over all states against "
             f"a ceiling of {f(t['overall']['ceiling'])} for the true value; within prompt groups (what a value-based "
             f"advantage can add over a per-prompt baseline) the ceiling is {f(ceil)} and this critic explains "
             f"{share}.")

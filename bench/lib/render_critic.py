@@ -31,6 +31,11 @@ def _within(row: dict) -> float:
     return row["states"]["within_prompt"]
 
 
+def _best(arm: dict) -> dict:
+    """The arm's best held-out point after training (the untrained zero head at pass 0 is no result)."""
+    return max((p for p in arm["curve"] if p["epoch"] > 0), key=_within, default=arm["best"])
+
+
 def critic_fit(rec: dict) -> str:
     c, d, o, p = rec["config"], rec["data"], rec["oracle"], rec.get("probe") or {}
     ceiling = o["states"]["within_prompt"]
@@ -38,7 +43,7 @@ def critic_fit(rec: dict) -> str:
             "ceiling (best) | overall EV (states, last) | EV vs its own label | train EV (last) |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for a in rec["arms"]:
-        arm, best, last = a["arm"], a["best"], a["last"]
+        arm, best, last = a["arm"], _best(a), a["last"]
         own = f(last["vs_target"]["overall"]) if "vs_target" in last else ""
         lines.append(f"| {describe(arm)} | {a['train_responses']} | {arm['epochs']} | {f(_within(best))} · "
                      f"{f(_within(last))} | {max(0.0, _within(best)) / ceiling:.0%} | {f(last['states']['overall'])} | "
@@ -52,7 +57,7 @@ def critic_fit(rec: dict) -> str:
     lin = [a for a in rec["arms"] if a["arm"]["head"] == "linear" and a["arm"]["target"] == "mc"]
     sur = [a for a in rec["arms"] if a["arm"]["head"] == "surprise"]
     onpath = next((a for a in rec["arms"] if a["arm"]["target"] == "onpath"), None)
-    best_lin = max((_within(a["best"]) for a in lin), default=None)
+    best_lin = max((_within(_best(a)) for a in lin), default=None)
     full = max(sur, key=lambda a: a["train_responses"], default=None)
     cause = ("**The cause.** " + probe + (
         f" Every hidden-state critic of the sweep ({len(lin)} recipes with Monte-Carlo targets: learning rate, batch, "
@@ -69,9 +74,9 @@ def critic_fit(rec: dict) -> str:
         "distribution one position earlier, which that critic never sees and did not learn to rebuild.")
     )
     fix = (f"**The fix** (`critic.head = \"surprise\"`): the value head also reads the policy's log-probs of the "
-           f"tokens written so far. On the same data it reaches a within-prompt EV of {f(_within(full['best']))} "
-           f"({_within(full['best']) / ceiling:.0%} of the ceiling) from {full['train_responses']} responses; the data "
-           "curve: " + "; ".join(f"{a['train_responses']} responses → {f(_within(a['best']))}"
+           f"tokens written so far. On the same data it reaches a within-prompt EV of {f(_within(_best(full)))} "
+           f"({_within(_best(full)) / ceiling:.0%} of the ceiling) from {full['train_responses']} responses; the data "
+           "curve: " + "; ".join(f"{a['train_responses']} responses → {f(_within(_best(a)))}"
                                  for a in sorted(sur, key=lambda a: a["train_responses"])) + ".") if full else ""
     notes = [
         (f"Preset {c['preset']}: {c['train_responses']} responses of the warm start on training prompts (groups of "
@@ -101,5 +106,35 @@ def critic_fit_summary(rec: dict) -> str:
             f"cannot see this policy's mistakes (probes of its hidden states at AUC ≤ "
             f"{f(max(p.get('layer_auc') or [float('nan')]), 2)}; the policy's own log-prob of a wrong sign: AUC "
             f"{f(p.get('logprob_auc'), 2)}), and no recipe of {len(lin)} gets it above a within-prompt EV of "
-            f"{f(max(_within(a['best']) for a in lin))} (ceiling {f(ceiling)}); with `critic.head = \"surprise\"` "
-            f"(the policy's log-probs of the written tokens as inputs) it reaches {f(_within(full['best']))}.")
+            f"{f(max(_within(_best(a)) for a in lin))} (ceiling {f(ceiling)}); with `critic.head = \"surprise\"` "
+            f"(the policy's log-probs of the written tokens as inputs) it reaches {f(_within(_best(full)))}.")
+
+
+def plot(rec: dict, path) -> None:
+    """Left: held-out within-prompt EV against the responses trained on (passes × responses), per arm of the
+    record's part (a), next to the ceiling. Right: every arm's best within-prompt EV."""
+    from .plots import pyplot
+    plt = pyplot()
+    ceiling = rec["oracle"]["states"]["within_prompt"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1, 1.2]})
+    for arm in rec["arms"]:
+        spec = arm["arm"]
+        if spec["head"] != "surprise" and arm["train_responses"] < rec["config"]["train_responses"]:
+            continue
+        xs = [p["epoch"] * arm["train_responses"] for p in arm["curve"]]
+        a.plot(xs, [p["states"]["within_prompt"] for p in arm["curve"]], marker=".", label=describe(spec)[:48]
+               + ("" if spec["head"] != "surprise" else f" ({arm['train_responses']} responses)"))
+    a.axhline(ceiling, color="k", ls="--", lw=1, label="ceiling (oracle value)")
+    a.axhline(0, color="grey", lw=0.5)
+    a.set(xlabel="responses trained on (passes × responses)", ylabel="held-out EV within prompt (states)")
+    a.legend(fontsize=6)
+    names = [describe(x["arm"])[:60] + f" [{x['train_responses']}×{x['arm']['epochs']}]" for x in rec["arms"]]
+    b.barh(range(len(names)), [_within(_best(x)) for x in rec["arms"]],
+           color=["tab:green" if x["arm"]["head"] == "surprise" else "tab:blue" for x in rec["arms"]])
+    b.axvline(ceiling, color="k", ls="--", lw=1)
+    b.set_yticks(range(len(names)), names, fontsize=6)
+    b.invert_yaxis()
+    b.set(xlabel="best held-out EV within prompt (states)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -22,6 +22,8 @@ class ParityReward:
     reward with a zero-initialised value head gives zero gradients); the rest is the wrapped task's. Used by
     bench/perf/memory.py and tests/lora_dist_step.py."""
 
+    verifier = "task"  # scored by reward() below, not by the wrapped task's default verifier (tasks/verifiers.py)
+
     def __init__(self, task):
         self.task = task
 
@@ -30,6 +32,11 @@ class ParityReward:
 
     def reward(self, response: str, answer: str) -> float:
         return float((len(response) + len(answer)) % 2)
+
+
+def reward_parity(tr) -> None:
+    """Score a built trainer's training rollouts with `ParityReward` (its judge was made for the plain task)."""
+    tr.task, tr.judge = ParityReward(tr.task), None  # None: the task's own default verifier, here its reward()
 
 
 def random_head_value_dir(model_dir, out) -> Path:

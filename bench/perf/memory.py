@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from bench.lib import plots, records
-from bench.lib.runs import PRESET, ParityReward, load_bench_config, settings_with_seed
+from bench.lib.runs import PRESET, load_bench_config, reward_parity, settings_with_seed
 
 STRATEGIES = {"ddp": ['distributed.strategy="ddp"'], "fsdp": ['distributed.strategy="fsdp"'],
               "lora": ['distributed.strategy="ddp"', "lora.enabled=true"]}
@@ -142,7 +142,7 @@ def _measure(run_dir: str, out_dir: str, base: int, later: bool):
         _reset_peak()
     t0 = time.perf_counter()
     tr = build_trainer(run_dir, write=False, log=lambda m: None)
-    tr.task = ParityReward(tr.task)  # non-zero gradients for an untrained model
+    reward_parity(tr)  # non-zero gradients for an untrained model
     setup_s = round(time.perf_counter() - t0, 2)
     st = _status()
     rss["after_setup"], peak = st["VmRSS"], {"setup": st["VmHWM"]}

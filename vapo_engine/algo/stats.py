@@ -221,7 +221,7 @@ def within_ev_from_stats(stats: Tensor) -> Tensor:
     do not vary inside any group (every group all right or all wrong).
 
     Shapes: stats Tensor[3] -> scalar float64 tensor.
-    Implements: EV_within = 1 − SSd / SSy over the groups pooled (SPEC §3's EV with each group's mean as the
+    Implements: EV_within = 1 − SSd / SSy over the groups pooled (docs/design.md §3.9's EV with each group's mean as the
     baseline of the variance), the metric critic/explained_var_within_prompt.
     """
     stats = stats.to(torch.float64)
