@@ -67,25 +67,17 @@ PLAN = (
     "epochs=3,head=surprise",
     "epochs=1,target=onpath",
     "responses=512,epochs=6,head=surprise",
-    "responses=1024,epochs=3,head=surprise",
-    "responses=2048,epochs=2,head=surprise",
-    # (b)-(e): one pass over 2048 responses each (the recipe's own arm first), sized to this 2-core machine
-    "responses=2048,epochs=1",
-    # (b) optimisation: learning rate, batch, Adam, loss scale
-    "responses=2048,epochs=1,lr=1e-4",
-    "responses=2048,epochs=1,lr=3e-3",
-    "responses=2048,epochs=1,batch=8",
-    "responses=2048,epochs=1,betas=0.9/0.95,eps=1e-5",
-    "responses=2048,epochs=1,reduction=seq_mean_token_mean",
+    # (b)-(e): one pass over 1024 responses each (the recipe's own arm first), sized to this 2-core machine's session
+    "responses=1024,epochs=1",
+    # (b) optimisation: learning rate, batch
+    "responses=1024,epochs=1,lr=3e-3",
+    "responses=1024,epochs=1,batch=8",
     # (c) initialisation, head, which layers train
-    "responses=2048,epochs=1,init=fresh",
-    "responses=2048,epochs=1,init=teacher",
-    "responses=2048,epochs=1,head=mlp",
-    "responses=2048,epochs=1,train=head,lr=1e-2",
-    "responses=2048,epochs=1,train=top",
-    # (e) targets: bootstrapped GAE(0.95) instead of λ = 1, reward scale
-    "responses=2048,epochs=1,target=gae",
-    "responses=2048,epochs=1,scale=4",
+    "responses=1024,epochs=1,init=teacher",
+    "responses=1024,epochs=1,head=mlp",
+    "responses=1024,epochs=1,train=top",
+    # (e) targets: bootstrapped GAE(0.95) instead of λ = 1
+    "responses=1024,epochs=1,target=gae",
 )
 """The arms of the record (Arm fields as key=value; `default` alone = the engine's recipe for 20 passes)."""
 
