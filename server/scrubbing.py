@@ -27,7 +27,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from pydantic import ValidationError
 
 from tools.paths import known_secrets
-from vapo_engine.providers.redaction import scrub
+from vapo_engine.providers.redaction import scrub, scrub_record
 
 log = logging.getLogger("vapo_mcp.server")
 MAX_MESSAGE = 4000
@@ -125,24 +125,13 @@ def install_log_scrubbing() -> None:
     def factory(*args, **kwargs):
         record = made(*args, **kwargs)
         if getattr(_inside, "busy", False):  # reading the settings logged something: it is scrubbed by pattern
-            return _scrub_record(record, [])
+            return scrub_record(record, [])
         _inside.busy = True
         try:
-            return _scrub_record(record, known_secrets())
+            return scrub_record(record, known_secrets())
         finally:
             _inside.busy = False
     factory.scrubs = True
     logging.setLogRecordFactory(factory)
 
 
-def _scrub_record(record: logging.LogRecord, secrets: list) -> logging.LogRecord:
-    try:
-        msg = record.getMessage()
-    except Exception:  # noqa: BLE001 - a malformed record is the logging module's business
-        return record
-    clean = scrub(msg, secrets)
-    if clean != msg:
-        record.msg, record.args = clean, ()
-    if record.exc_info and not record.exc_text:
-        record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), secrets)
-    return record

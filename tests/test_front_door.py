@@ -15,6 +15,7 @@ import time
 
 import httpx
 
+from bench.perf.attack import closed_by_server
 from tests.fake_openai import closed_port
 from tests.mcp_helpers import HTTP_TOKEN, serve_http, uvicorn_in_thread
 from tests.serving_helpers import serving
@@ -32,18 +33,6 @@ def _half_open(port: int) -> list[socket.socket]:
         s.setblocking(False)
         out.append(s)
     return out
-
-
-def _closed_by_server(socks: list[socket.socket]) -> int:
-    closed = 0
-    for s in socks:
-        try:
-            closed += s.recv(1) == b""
-        except BlockingIOError:
-            pass
-        except OSError:
-            closed += 1
-    return closed
 
 
 def _timed(fn) -> tuple[httpx.Response, float]:
@@ -65,7 +54,7 @@ def test_half_open_connections_cannot_hold_the_mcp_server_shut(proj):
         init, took = _timed(lambda: httpx.post(f"http://127.0.0.1:{port}/mcp", json=INIT, headers=MCP_HEADERS,
                                                timeout=10))
         assert init.status_code == 200 and took < 5, (init.status_code, init.text[:200])
-        assert _closed_by_server(socks) >= HALF_OPEN - 64  # those beyond the pending budget are gone at once
+        assert closed_by_server(socks) >= HALF_OPEN - 64  # those beyond the pending budget are gone at once
     finally:
         for s in socks:
             s.close()
@@ -82,7 +71,7 @@ def test_serve_model_caps_connections_too(model_dir):
             health, took = _timed(lambda: httpx.get(srv.root + "/health", timeout=10))
             assert health.status_code == 200 and took < 2
             assert httpx.get(srv.url + "/models", timeout=10).status_code == 200
-            assert _closed_by_server(socks) >= HALF_OPEN - 64
+            assert closed_by_server(socks) >= HALF_OPEN - 64
             assert srv.prepared.admission.pending <= 64
         finally:
             for s in socks:

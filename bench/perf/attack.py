@@ -236,13 +236,14 @@ def half_open(url: str, pid: int, n: int = 256) -> dict:
                               "protocolVersion": "2025-11-25", "capabilities": {},
                               "clientInfo": {"name": "attack-bench", "version": "1"}}}, timeout=30)
         out.update(connections=n, token_client_status=init.status_code,
-                   token_client_ms=round((time.monotonic() - t0) * 1000, 1), closed_by_server=_closed(socks))
+                   token_client_ms=round((time.monotonic() - t0) * 1000, 1), closed_by_server=closed_by_server(socks))
         for sock in socks:
             sock.close()
     return out
 
 
-def _closed(socks: list[socket.socket]) -> int:
+def closed_by_server(socks: list[socket.socket]) -> int:
+    """How many of `socks` (non-blocking) the server has closed."""
     n = 0
     for sock in socks:
         try:

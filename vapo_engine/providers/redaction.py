@@ -208,17 +208,22 @@ class _ScrubFilter(logging.Filter):
     """Rewrites a record's message (and formatted traceback) with every guarded key redacted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        values = _guarded
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is the logging module's business
-            return True
-        clean = scrub(msg, values)
-        if clean != msg:
-            record.msg, record.args = clean, ()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), values)
+        scrub_record(record, _guarded)
         return True
+
+
+def scrub_record(record: logging.LogRecord, secrets: Iterable[Secret | str | None]) -> logging.LogRecord:
+    """`record` with its message and formatted traceback scrubbed of `secrets` (in place; returned)."""
+    try:
+        msg = record.getMessage()
+    except Exception:  # noqa: BLE001 - a malformed record is the logging module's business
+        return record
+    clean = scrub(msg, secrets)
+    if clean != msg:
+        record.msg, record.args = clean, ()
+    if record.exc_info and not record.exc_text:
+        record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), secrets)
+    return record
 
 
 _FILTER = _ScrubFilter()
