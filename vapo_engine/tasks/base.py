@@ -93,3 +93,19 @@ def sample_split(
             seen.add(key)
         out.append(problem)
     return out
+
+
+def heldout_by_kind(make: Callable[[random.Random, object], tuple[str, Problem]], kinds: list, n: int,
+                    rng: random.Random, *, salt: str, fraction: float) -> list[Problem]:
+    """`n` distinct held-out problems, the kinds (difficulty buckets) taken in turn so each is measured; a kind
+    whose 50 draws repeat earlier prompts is skipped that turn."""
+    out: list[Problem] = []
+    seen: set[str] = set()
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        for p in sample_split(lambda r, k=kind: make(r, k), 50, rng, heldout=True, salt=salt, fraction=fraction):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                out.append(p)
+                break
+    return out

@@ -28,7 +28,7 @@ import random
 import string
 
 from .answers import BUILTIN_ANSWER_MARK, builtin_answer_correct
-from .base import Problem, sample_split
+from .base import Problem, heldout_by_kind, sample_split
 
 LABELS = string.ascii_lowercase
 LINE = 10
@@ -88,18 +88,8 @@ class ChainTask:
 
     def heldout(self, n: int) -> list[Problem]:
         """`n` distinct held-out problems, the same number of each step count (so every bucket is measured)."""
-        rng = random.Random(_HELDOUT_SEED)
-        counts = list(range(self.min_steps, self.max_steps + 1))
-        out, seen = [], set()
-        for i in range(n):
-            steps = counts[i % len(counts)]
-            for p in sample_split(lambda r, s=steps: self._make(r, s), 50, rng, heldout=True, salt=_SALT,
-                                  fraction=_HELDOUT_FRACTION):
-                if p.prompt not in seen:
-                    seen.add(p.prompt)
-                    out.append(p)
-                    break
-        return out
+        return heldout_by_kind(self._make, list(range(self.min_steps, self.max_steps + 1)), n,
+                               random.Random(_HELDOUT_SEED), salt=_SALT, fraction=_HELDOUT_FRACTION)
 
     # --- checking ------------------------------------------------------------------------------------------
     def reward(self, response: str, answer: str) -> float:

@@ -26,7 +26,7 @@ import random
 import re
 
 from .answers import _NUMBER_RE, to_fraction
-from .base import Problem, sample_split
+from .base import Problem, heldout_by_kind, sample_split
 
 _HELDOUT_FRACTION = 0.1
 _HELDOUT_SEED = 20251205
@@ -148,16 +148,8 @@ class WordTask:
         """Up to `n` distinct held-out problems, the kinds in turn (every bucket measured alike). The numbers are
         small (what a 135M model can compute), so each kind has a few dozen held-out problems: a larger `n` gets
         every one there is (84 in all)."""
-        rng, out, seen = random.Random(_HELDOUT_SEED), [], set()
-        for i in range(n):
-            kind = self.kinds[i % len(self.kinds)]
-            for p in sample_split(lambda r, k=kind: self._make(r, k), 50, rng, heldout=True, salt="builtin:word",
-                                  fraction=_HELDOUT_FRACTION):
-                if p.prompt not in seen:
-                    seen.add(p.prompt)
-                    out.append(p)
-                    break
-        return out
+        return heldout_by_kind(self._make, list(self.kinds), n, random.Random(_HELDOUT_SEED), salt="builtin:word",
+                               fraction=_HELDOUT_FRACTION)
 
     def bucket(self, problem: Problem) -> str:
         return problem.id.removeprefix("word-").split(":")[0].replace("two", "two_step")
