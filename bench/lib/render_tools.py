@@ -30,5 +30,6 @@ def tool_use(rec: dict) -> str:
             f"{c['steps']} policy steps, evaluation every {c['eval_interval']} steps with the run's own episode; with the calculator = `rollout.episode = \"tool_calls\"` and `vapo-mcp "
             "tool-server calculator` over stdio, without = `single_turn`, where a call reaches nothing. — = not "
             "logged (no tool calls in single-turn runs). One seed per arm: the curves show what happened in these "
-            "runs, not an effect size.")
+            "runs, not an effect size. Wall seconds are under the load average below (other jobs shared the 2 "
+            "cores), so they do not compare arms.")
     return section(lines, rec, note)
