@@ -337,7 +337,7 @@ def fit(arm: Arm, data: dict, base: Path, teacher: Path | None, sel_all, sel_sta
         v = predict(model, held) / arm.scale
         row = {"epoch": round(epoch, 3), "step": step, "all": ev_parts(v, held, sel_all),
                "states": ev_parts(v, held, sel_states), "seconds": round(time.perf_counter() - t0, 1)}
-        if arm.target != "mc":
+        if arm.target not in ("mc", "gae"):  # a fixed label of its own (GAE targets move with the critic)
             row["vs_target"] = ev_parts(v, held, sel_all, arm.target)
         curve.append(row)
         return row
