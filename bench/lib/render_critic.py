@@ -36,6 +36,12 @@ def _best(arm: dict) -> dict:
     return max((p for p in arm["curve"] if p["epoch"] > 0), key=_within, default=arm["best"])
 
 
+def hidden_state_arms(rec: dict) -> list[dict]:
+    """The arms whose critic reads the hidden state only and is scored on returns (every head but `surprise`,
+    every target but the on-path label)."""
+    return [a for a in rec["arms"] if a["arm"]["head"] != "surprise" and a["arm"]["target"] != "onpath"]
+
+
 def critic_fit(rec: dict) -> str:
     c, d, o, p = rec["config"], rec["data"], rec["oracle"], rec.get("probe") or {}
     ceiling = o["states"]["within_prompt"]
@@ -54,15 +60,15 @@ def critic_fit(rec: dict) -> str:
              f"from a right one at held-out AUC {f(p['logprob_auc'], 2)}; logistic probes of the hidden state at the "
              f"same place (embeddings, then each of the {len(layers) - 1} layers) reach AUC "
              f"{', '.join(f(x, 2) for x in layers)} (0.50 = chance).") if p else ""
-    lin = [a for a in rec["arms"] if a["arm"]["head"] == "linear" and a["arm"]["target"] == "mc"]
+    lin = hidden_state_arms(rec)
     sur = [a for a in rec["arms"] if a["arm"]["head"] == "surprise"]
     onpath = next((a for a in rec["arms"] if a["arm"]["target"] == "onpath"), None)
     best_lin = max((_within(_best(a)) for a in lin), default=None)
     full = max(sur, key=lambda a: a["train_responses"], default=None)
     cause = ("**The cause.** " + probe + (
-        f" Every hidden-state critic of the sweep ({len(lin)} recipes with Monte-Carlo targets: learning rate, batch, "
-        f"Adam, loss scale, initialisation, head, trained layers, GAE targets, reward scale) stays at or below a "
-        f"within-prompt EV of {f(best_lin)} against a ceiling of {f(ceiling)}") + (
+        f" Every critic of the sweep that reads the hidden state only ({len(lin)} fits: "
+        + "; ".join(f"{describe(a['arm'])} on {a['train_responses']} responses × {a['arm']['epochs']}" for a in lin)
+        + f") stays at or below a within-prompt EV of {f(best_lin)} against a ceiling of {f(ceiling)}") + (
         f"; given the noise-free label \"still on the reference path\" instead of returns, it explains "
         f"{f(onpath['last']['vs_target']['overall'])} of that label's variance, against "
         f"{f(o.get('onpath_position_only'))} for a table of the label's rate by prompt length and line (the position "
@@ -76,7 +82,8 @@ def critic_fit(rec: dict) -> str:
     fix = (f"**The fix** (`critic.head = \"surprise\"`): the value head also reads the policy's log-probs of the "
            f"tokens written so far. On the same data it reaches a within-prompt EV of {f(_within(_best(full)))} "
            f"({_within(_best(full)) / ceiling:.0%} of the ceiling) from {full['train_responses']} responses; the data "
-           "curve: " + "; ".join(f"{a['train_responses']} responses → {f(_within(_best(a)))}"
+           "curve: " + "; ".join(f"{a['train_responses']} responses × {a['arm']['epochs']} passes → "
+                                 f"{f(_within(_best(a)))}"
                                  for a in sorted(sur, key=lambda a: a["train_responses"])) + ".") if full else ""
     notes = [
         (f"Preset {c['preset']}: {c['train_responses']} responses of the warm start on training prompts (groups of "
@@ -98,7 +105,7 @@ def critic_fit_summary(rec: dict) -> str:
     o, p = rec["oracle"], rec.get("probe") or {}
     ceiling = o["states"]["within_prompt"]
     sur = [a for a in rec["arms"] if a["arm"]["head"] == "surprise"]
-    lin = [a for a in rec["arms"] if a["arm"]["head"] == "linear" and a["arm"]["target"] == "mc"]
+    lin = hidden_state_arms(rec)
     if not sur or not lin:
         return ""
     full = max(sur, key=lambda a: a["train_responses"])
