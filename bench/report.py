@@ -68,8 +68,8 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      ("Does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and does held-out "
       "accuracy follow — next to the same runs without it, under VAPO and GRPO?")),
 )
-HEADLINES = ("ablation_chain_critic", "ablation_chain_paired")
-"""The README's headline: the newest paired ablation on builtin:chain that has a record."""
+HEADLINES = {"ablation_chain_critic": "critic_surprise", "ablation_chain_paired": "critic"}
+"""The README's headline: the newest paired ablation on builtin:chain that has a record, with its critic's record."""
 INTRO = """# Results
 
 Rendered by `python -m bench.report` from the records in `bench/results/` (one JSON file per benchmark, with the
@@ -99,7 +99,7 @@ def render_results(results: Path) -> str:
 
 def render_headline(results: Path) -> str:
     """The README's results block: the paired ablation's verdict and its compact table, with a link."""
-    name = next((n for n in HEADLINES if (results / f"{n}.json").is_file()), HEADLINES[-1])
+    name = next((n for n in HEADLINES if (results / f"{n}.json").is_file()), "ablation_chain_paired")
     rec = _load(results, name)
     if rec is None:
         return "No headline record yet: run `python -m bench.experiments.ablation --budget …` (docs/results.md lists every record)."
@@ -118,9 +118,9 @@ def render_headline(results: Path) -> str:
     fit = _load(results, "critic_fit")
     if fit is not None:
         lines += ["", render_critic.critic_fit_summary(fit)]
-    crit = _load(results, "critic_surprise" if name == "ablation_chain_critic" else "critic")
+    crit = _load(results, HEADLINES[name])
     if crit is not None:
-        lines += ["", render.critic_summary(crit, "critic_surprise" if name == "ablation_chain_critic" else "critic")]
+        lines += ["", render.critic_summary(crit, HEADLINES[name])]
     trl = _load(results, "trl_side_by_side")
     if trl is not None:
         lines += ["", render_trl.trl_summary(trl)]

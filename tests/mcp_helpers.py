@@ -78,6 +78,23 @@ def slot_held(runs_root: Path):
 HTTP_TOKEN = "t0ken-" + "k" * 30
 
 
+async def starts_refuse(proj: Path, overrides: list[str], preset_file: Path, field: str, where: str) -> None:
+    """Over stdio, start_training (with `overrides`, then with `preset_file`) and ablate each refuse a change of
+    config field `field`, naming where it may be set (`where`) and a fix."""
+    from mcp import Client
+
+    from server.app import build_server
+    with slot_held(proj / "logs"):
+        async with Client(build_server()) as c:
+            for tool, args in (("start_training", {"preset": "cpu-demo", "overrides": overrides}),
+                               ("start_training", {"preset": str(preset_file)}),
+                               ("ablate", {"preset": "cpu-demo", "overrides": overrides, "variants": ["vapo"]})):
+                res = await c.call_tool(tool, args)
+                msg = text(res)
+                assert res.is_error and f"{field} differs from config.toml's" in msg, msg
+                assert where in msg and names_a_fix(msg)
+
+
 def serve_http(ws: Path, port: int, *extra: str, token: str = HTTP_TOKEN, env: dict | None = None
                ) -> subprocess.Popen:
     """`vapo-mcp serve --http` for the project `ws` on 127.0.0.1:`port` (a real process), once /health answers."""

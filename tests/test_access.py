@@ -10,7 +10,7 @@ import shutil
 import pytest
 from mcp import Client
 
-from tests.mcp_helpers import names_a_fix, slot_held, text
+from tests.mcp_helpers import names_a_fix, slot_held, starts_refuse, text
 from vapo_engine.builtin_model.shipped import SHIPPED_ROOT
 
 pytestmark = pytest.mark.anyio
@@ -190,20 +190,12 @@ def test_tool_calls_cannot_point_the_rollout_token_elsewhere(proj):
 async def test_tool_calls_cannot_redirect_the_metric_tracker(proj):
     """logging.mlflow_tracking_uri gets the run's metrics and the environment's tracker credentials: a tool call
     (override or preset file, start_training / ablate / doctor's shared check) may not change it; the CLI may."""
-    from server.app import build_server
     from tools.paths import files
     from tools.training import prepare_config
     (proj / "track.toml").write_text('[logging]\nmlflow_tracking_uri = "http://203.0.113.9:5000"\n')
     evil = ['logging.sinks=["jsonl","mlflow"]', 'logging.mlflow_tracking_uri="http://203.0.113.9:5000"']
-    with slot_held(proj / "logs"):
-        async with Client(build_server()) as c:  # stdio: the local user's agent
-            for tool, args in (("start_training", {"preset": "cpu-demo", "overrides": evil}),
-                               ("start_training", {"preset": str(proj / "track.toml")}),
-                               ("ablate", {"preset": "cpu-demo", "overrides": evil, "variants": ["vapo"]})):
-                res = await c.call_tool(tool, args)
-                msg = text(res)
-                assert res.is_error and "logging.mlflow_tracking_uri differs from config.toml's" in msg, msg
-                assert "config.toml or the CLI" in msg and names_a_fix(msg)
+    # stdio: the local user's agent
+    await starts_refuse(proj, evil, proj / "track.toml", "logging.mlflow_tracking_uri", "config.toml or the CLI")
     assert prepare_config(files(), "cpu-demo", evil).logging.mlflow_tracking_uri == "http://203.0.113.9:5000"  # CLI
     cfg_file = proj / "config.toml"
     cfg_file.write_text(cfg_file.read_text() + '\n[logging]\nmlflow_tracking_uri = "http://127.0.0.1:5000"\n')

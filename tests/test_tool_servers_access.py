@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from mcp import Client
 
-from tests.mcp_helpers import names_a_fix, slot_held, text
+from tests.mcp_helpers import starts_refuse
 
 pytestmark = pytest.mark.anyio
 EVIL = ['rollout.episode="tool_calls"',
@@ -13,20 +12,12 @@ EVIL = ['rollout.episode="tool_calls"',
 
 
 async def test_tool_calls_cannot_choose_tool_servers(proj):
-    from server.app import build_server
     from tools.paths import files
     from tools.training import prepare_config
     (proj / "tools.toml").write_text('[rollout]\nepisode = "tool_calls"\n[[rollout.tools.servers]]\nname = "x"\n'
                                      'url = "http://203.0.113.9:80/mcp"\n')
-    with slot_held(proj / "logs"):
-        async with Client(build_server()) as c:  # stdio: the local user's own agent is refused too
-            for tool, args in (("start_training", {"preset": "cpu-demo", "overrides": EVIL}),
-                               ("start_training", {"preset": str(proj / "tools.toml")}),
-                               ("ablate", {"preset": "cpu-demo", "overrides": EVIL, "variants": ["vapo"]})):
-                res = await c.call_tool(tool, args)
-                msg = text(res)
-                assert res.is_error and "rollout.tools differs from config.toml's" in msg, msg
-                assert "config.toml or on the CLI" in msg and names_a_fix(msg)
+    # stdio: the local user's own agent is refused too
+    await starts_refuse(proj, EVIL, proj / "tools.toml", "rollout.tools", "config.toml or on the CLI")
     cfg = prepare_config(files(), "cpu-demo", EVIL)  # the CLI may
     assert cfg.rollout.tools.servers[0].command[0] == "sh"
     cfg_file = proj / "config.toml"
