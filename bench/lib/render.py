@@ -104,11 +104,27 @@ def ablation_paired(rec: dict) -> str:
                    "is λ^(T−t)·R before whitening — the return, damped by λ for every token to the end (a decision "
                    "60 tokens before the end gets λ^60 of the last token's weight), with no per-state baseline; "
                    "whitening only subtracts one batch-wide mean — until the critic learns."),
-              *_offline_note(rec), "", _resolution(rec["table"], n_seeds)]
+              *_offline_note(rec), "", _resolution(rec["table"], n_seeds), *_policy_rollouts(rec)]
     lines += ["", (f"Cost of the design: {rec['wall_s_runs_and_critics_sum'] / 60:.0f} minutes of run time (every "
                    f"run and shared critic, each in its own process, {c['jobs']} at a time on this machine; the "
                    "wall time below is the last invocation's, which may have taken finished runs from the cache).")]
     return section(lines, rec)
+
+
+def _policy_rollouts(rec: dict) -> list[str]:
+    """Where the rollouts to the threshold went: the budget's rollouts to it minus those spent pretraining a critic
+    (the policy's own), per row, so a row that only pays for its critic is told from one whose updates learn faster."""
+    c, parts = rec["config"], []
+    for row in rec["table"]:
+        pre = {str(r["seed"]): r["pretrain_rollouts"] for r in rec["runs"] if r["variant"] == row["variant"]}
+        own = [v - pre.get(s, 0) for s, v in row["reach"].items() if v is not None]
+        missed = sum(v is None for v in row["reach"].values())
+        if own:
+            parts.append(f"{row['variant']} {_mean(own):.1f}" + (f" ({missed} seed(s) never reached it)" if missed else ""))
+    if not parts:
+        return []
+    return ["", (f"Policy rollouts to {c['metric']} ≥ {c['threshold']:g} (the rollouts to it above, minus the seed's "
+                 "value-pretraining rollouts), mean over the seeds that reached it: " + ", ".join(parts) + ".")]
 
 
 def _offline_note(rec: dict) -> list[str]:
