@@ -114,7 +114,7 @@ def render_headline(results: Path) -> str:
         t = row.get("vs_base")
         lines.append(f"| {render._label(row['variant'])} | {render.f(row['area_mean'])} | "
                      f"{'' if t is None else render._interval(t)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} |")
-    lines += ["", render._resolution(rec["table"], len(c["seeds"]))]
+    lines += ["", render._resolution(rec["table"], len(c["seeds"])), *render._policy_rollouts(rec)]
     fit = _load(results, "critic_fit")
     if fit is not None:
         lines += ["", render_critic.critic_fit_summary(fit)]

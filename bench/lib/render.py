@@ -124,7 +124,9 @@ def _policy_rollouts(rec: dict) -> list[str]:
     if not parts:
         return []
     return ["", (f"Policy rollouts to {c['metric']} ≥ {c['threshold']:g} (the rollouts to it above, minus the seed's "
-                 "value-pretraining rollouts), mean over the seeds that reached it: " + ", ".join(parts) + ".")]
+                 "value-pretraining rollouts), mean over the seeds that reached it: " + ", ".join(parts) + ". Where a row's "
+                 "number equals VAPO's, its area over VAPO's comes from the rollouts VAPO spends pretraining its "
+                 "critic before its policy moves, not from faster learning per policy rollout.")]
 
 
 def _offline_note(rec: dict) -> list[str]:
