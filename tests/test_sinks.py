@@ -166,3 +166,10 @@ def test_the_eval_line_shows_the_critics_held_out_ev_when_measured():
     assert "critic" not in format_record(rec)  # the start evaluation (untrained critic) and critic-free runs
     line = format_record(rec | {"eval/critic_ev": 0.8123, "eval/critic_ev_start": 0.7})
     assert line.endswith("critic held-out ev +0.81 (at the prompt +0.70)")
+
+
+def test_the_train_line_says_undefined_where_the_critics_ev_is():
+    rec = {"step": 14, "kind": "train", "rollout/reward_mean": 0.0}  # every return 0: no variance to explain
+    assert " ev undefined " in format_record(rec, 24) and "nan" not in format_record(rec, 24)
+    assert " ev +0.08 (within -0.17) " in format_record(rec | {"critic/explained_var": 0.081,
+                                                                 "critic/explained_var_within_prompt": -0.17}, 24)

@@ -52,7 +52,7 @@ def format_record(rec: dict, total_steps: int | None = None, ceiling: float | No
     tot = f"/{total_steps}" if total_steps else ""
     return (f"train  step {step:>5}{tot}: reward {rec.get('rollout/reward_mean', 0):.3f}  "
             f"len {rec.get('rollout/response_length', 0):5.1f}  λ {rec.get('vapo/lambda_policy_mean', 0):.3f}  "
-            f"ev {rec.get('critic/explained_var', float('nan')):+.2f}"
+            f"ev {'undefined' if (e := rec.get('critic/explained_var')) is None else f'{e:+.2f}'}"
             + (f" (within {w:+.2f})" if (w := rec.get("critic/explained_var_within_prompt")) is not None else "")
             + "  "
             f"ent {rec.get('actor/entropy', 0):.3f}  {rec.get('perf/step_time_s', 0):.2f}s/step  "
