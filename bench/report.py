@@ -99,7 +99,7 @@ def render_results(results: Path) -> str:
 
 def render_headline(results: Path) -> str:
     """The README's results block: the paired ablation's verdict and its compact table, with a link."""
-    name = next((n for n in HEADLINES if (results / f"{n}.json").is_file()), "ablation_chain_paired")
+    name = next((n for n in HEADLINES if (results / f"{n}.json").is_file()), list(HEADLINES)[-1])
     rec = _load(results, name)
     if rec is None:
         return "No headline record yet: run `python -m bench.experiments.ablation --budget …` (docs/results.md lists every record)."

@@ -84,7 +84,7 @@ def ablation_paired(rec: dict) -> str:
         mine = [r for r in runs if r["variant"] == v]
         ev = [r.get("pooled_explained_var") for r in mine]
         within = [r.get("mean_explained_var_within_prompt") for r in mine]
-        pre = {str(r["seed"]): r["pretrain_rollouts"] for r in mine}
+        pre = _pretrain_rollouts(rec, v)
         lines.append(
             f"| {_label(v)} | {f(row['area_mean'])} ± {f(row['area_sd'])} | {'' if t is None else _interval(t)} | "
             f"{'' if t is None else f(t.get('p_holm'), 3)} | {'' if t is None else ('yes' if t['resolved'] else 'no')} | "
@@ -111,12 +111,17 @@ def ablation_paired(rec: dict) -> str:
     return section(lines, rec)
 
 
+def _pretrain_rollouts(rec: dict, variant: str) -> dict[str, int]:
+    """A row's value-pretraining rollouts, by seed (as the record's per-seed tables key them)."""
+    return {str(r["seed"]): r["pretrain_rollouts"] for r in rec["runs"] if r["variant"] == variant}
+
+
 def _policy_rollouts(rec: dict) -> list[str]:
     """Where the rollouts to the threshold went: the budget's rollouts to it minus those spent pretraining a critic
     (the policy's own), per row, so a row that only pays for its critic is told from one whose updates learn faster."""
     c, parts = rec["config"], []
     for row in rec["table"]:
-        pre = {str(r["seed"]): r["pretrain_rollouts"] for r in rec["runs"] if r["variant"] == row["variant"]}
+        pre = _pretrain_rollouts(rec, row["variant"])
         own = [v - pre.get(s, 0) for s, v in row["reach"].items() if v is not None]
         missed = sum(v is None for v in row["reach"].values())
         if own:
