@@ -183,3 +183,12 @@ def test_trl_section_says_how_many_rounds_and_which_columns_are_one_run():
     assert render_trl.question(single).endswith("(one run per side).")
     assert "| s / optimizer step | vs TRL GRPO | greedy start → final |" in render_trl.trl_side_by_side(single)
     assert render_trl.question(rec) in report.render_results(ROOT / "bench" / "results")
+
+
+def test_smoke_answers_count_as_ending_on_the_number_only_when_their_last_number_is_it():
+    from bench.lib.render_smollm import ends_on
+    answers = [{"answer_tail": "240 km / 3 hours = 80 km/h."}, {"answer_tail": "The answer is 80.0"},
+               {"answer_tail": "= 80 km per hour; 80 / 3 = 24 km per hour per hour."},
+               {"answer_tail": "It is 180 km/h."}, {"answer_tail": "no number here"},
+               {"answer_tail": "1,080 km in total"}]
+    assert ends_on(answers, "80") == 2

@@ -3,6 +3,8 @@ its rollout steps next to the physical bound, and the `smollm-word` run with the
 Every number comes from the record (bench/lib/render.py's rules). Torch-free."""
 from __future__ import annotations
 
+import re
+
 from .render import f, section
 
 BUCKETS = ("speed", "price", "rate", "percent", "two_step")
@@ -26,7 +28,17 @@ def baseline(rec: dict) -> str:
             f"problems of `{rec['benchmark']}` (the kinds in turn), greedy and {rec['samples_per_problem']} samples "
             f"each at temperature {rec['temperature']:g}, at most {rec['max_tokens']} new tokens; mean greedy answer "
             f"length {f(rec['response_length'], 1)} tokens; {rec['eval_seconds']:.0f} s.{ex} {SCALE}")
-    return section(lines, rec, note)
+    shown = [ln for ln in rec.get("printed", []) if not ln.startswith("  more:")]
+    transcript = "\n".join(["What the run printed (`vapo-mcp train`'s console lines):", "```text", *shown, "```"])
+    return section(lines, rec, note, *([transcript] if shown else []))
+
+
+def _evaluated(rec: dict) -> str:
+    ev = rec["config"]["eval"]
+    n, k = ev["num_problems"], ev["samples_per_problem"]
+    return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
+            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
+            f"variation is not measured. ")
 
 
 def speed(rec: dict) -> str:
@@ -51,7 +63,17 @@ def speed(rec: dict) -> str:
             f"response positions only (logits_to_keep) makes the trainer's log-prob pass {k['smollm']['speedup']:.2f}× "
             f"as fast on this model and {k['tiny']['speedup']:.2f}× on the built-in tiny model (medians of "
             f"interleaved repeats). {_profile(rec['sampling_profile'])}{_full(rec.get('full_finetuning'))} {SCALE}")
-    return section(lines, rec, note)
+    shown = [ln for ln in rec.get("printed", []) if not ln.startswith("  more:")]
+    transcript = "\n".join(["What the run printed (`vapo-mcp train`'s console lines):", "```text", *shown, "```"])
+    return section(lines, rec, note, *([transcript] if shown else []))
+
+
+def _evaluated(rec: dict) -> str:
+    ev = rec["config"]["eval"]
+    n, k = ev["num_problems"], ev["samples_per_problem"]
+    return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
+            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
+            f"variation is not measured. ")
 
 
 def _full(ff: dict | None) -> str:
@@ -69,6 +91,13 @@ def _profile(prof: dict) -> str:
             f"self CPU time): {ops}.")
 
 
+def ends_on(answers: list[dict], expect: str) -> int:
+    """How many answers end on the expected number (the last number of the answer's kept tail): stricter than
+    smoke's rule, which passes an answer that contains it anywhere, also one that goes on to a wrong result."""
+    last = (re.findall(r"-?\d+(?:\.\d+)?", a["answer_tail"].replace(",", "")) for a in answers)
+    return sum(bool(nums) and float(nums[-1]) == float(expect) for nums in last)
+
+
 def run(rec: dict) -> str:
     lines = ["| step | time (s) | sampled | greedy | " + " | ".join(f"sampled {b}" for b in BUCKETS)
              + " | critic held-out EV |", "|---" * (len(BUCKETS) + 5) + "|"]
@@ -83,5 +112,17 @@ def run(rec: dict) -> str:
             f"(\"{sm['prompt']}\", `vapo-mcp smoke --max-tokens {sm['max_tokens']}` against `vapo-mcp serve-model`, "
             f"{sm['base']['samples']} times each): the base model answered correctly {sm['base']['passed']} of {sm['base']['samples']} times "
             f"({f(sm['base']['rate'], 2)}), the trained checkpoint {sm['trained']['passed']} of "
-            f"{sm['trained']['samples']} ({f(sm['trained']['rate'], 2)}). {SCALE}")
-    return section(lines, rec, note)
+            f"{sm['trained']['samples']} ({f(sm['trained']['rate'], 2)}) (smoke's rule: 80 as a number anywhere in "
+            f"the answer); ending on {sm['expect']}: {ends_on(sm['base']['answers'], sm['expect'])} and "
+            f"{ends_on(sm['trained']['answers'], sm['expect'])} of {sm['trained']['samples']}. {_evaluated(rec)}{SCALE}")
+    shown = [ln for ln in rec.get("printed", []) if not ln.startswith("  more:")]
+    transcript = "\n".join(["What the run printed (`vapo-mcp train`'s console lines):", "```text", *shown, "```"])
+    return section(lines, rec, note, *([transcript] if shown else []))
+
+
+def _evaluated(rec: dict) -> str:
+    ev = rec["config"]["eval"]
+    n, k = ev["num_problems"], ev["samples_per_problem"]
+    return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
+            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
+            f"variation is not measured. ")
