@@ -11,7 +11,7 @@
 Timings on 2 shared cores depend on the load: run it alone (`cpu-slot --both`, OMP_NUM_THREADS=2) and the record
 keeps the load average before and after. Not a test: nothing here asserts.
 
-    OMP_NUM_THREADS=2 .venv/bin/python -m bench.experiments.smollm_word_run [--set training.total_steps=60]
+    OMP_NUM_THREADS=2 .venv/bin/python -m bench.experiments.smollm_word_run [--set training.total_steps=60] [--seed 7 --name smollm_word_run_seed7]
         [--smoke-samples 20] [--out DIR]
 """
 from __future__ import annotations
@@ -42,12 +42,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="overrides for the run")
     p.add_argument("--smoke-samples", type=int, default=20, help="smoke questions asked of each model")
     p.add_argument("--out", default=None, help="output folder (default bench/results)")
+    p.add_argument("--seed", type=int, default=None, help="the run's seed (default: settings.json's experiment.seed)")
+    p.add_argument("--name", default="smollm_word_run", help="record name (a second seed: smollm_word_run_seed7)")
     return p.parse_args(argv)
 
 
-def train(overrides: list[str]) -> tuple[list[str], Path, float, int]:
+def train(overrides: list[str], settings: Path | None = None) -> tuple[list[str], Path, float, int]:
     """`vapo-mcp train --preset smollm-word`: (printed lines, run dir, wall seconds, exit code)."""
-    argv = [*CLI, "train", "--preset", "smollm-word", *(a for o in overrides for a in ("--set", o))]
+    argv = [*CLI, "train", "--preset", "smollm-word", *(a for o in overrides for a in ("--set", o)),
+            *(["--settings", str(settings)] if settings else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True, bufsize=1)
     lines = []
@@ -63,6 +66,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _seeded(seed: int, tmp: Path) -> Path:
+    """settings.json with experiment.seed = `seed`, written into `tmp` (its log_dir made absolute: relative ones
+    are taken from the settings file's folder, so the run stays under the repository's)."""
+    data = json.loads((REPO / "settings.json").read_text(encoding="utf-8"))
+    data.setdefault("experiment", {})["seed"] = seed
+    runtime = data.setdefault("runtime", {})
+    runtime["log_dir"] = str((REPO / runtime.get("log_dir", "./logs/vapo")).resolve())
+    (tmp / "settings.json").write_text(json.dumps(data), encoding="utf-8")
+    return tmp / "settings.json"
 
 
 def smoke_rate(target: str, samples: int, tmp: Path) -> dict:
@@ -124,7 +138,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from vapo_engine.rundir import RunDir
     start, t_start = load_avg(), time.perf_counter()
-    lines, run_dir, wall, code = train(args.set)
+    with tempfile.TemporaryDirectory(prefix="vapo-bench-seed-") as tmp:
+        lines, run_dir, wall, code = train(args.set, None if args.seed is None else _seeded(args.seed, Path(tmp)))
     end_train = load_avg()
     if code != 0:
         raise SystemExit(f"the run failed (exit {code}); see {run_dir}/worker.log")
@@ -141,7 +156,7 @@ def main(argv=None) -> int:
            "smoke": {"prompt": PROMPT, "expect": "80", "max_tokens": SMOKE_TOKENS, "base": base, "trained": trained},
            "config": {k: config[k] for k in ("model", "lora", "critic", "vapo", "training", "eval") if k in config},
            "load_avg_start": start, "load_avg_after_training": end_train, "load_avg_end": load_avg()}
-    path = write_record("smollm_word_run", rec, REPO / args.out if args.out else None)
+    path = write_record(args.name, rec, REPO / args.out if args.out else None)
     print(f"{path}: sampled {rec['start_sampled']:.3f} -> {rec['final_sampled']:.3f} "
           f"({rec['gain_sampled_points']:+.1f} points) in {wall:.0f} s; smoke base {base['rate']:.2f}, "
           f"trained {trained['rate']:.2f}")
