@@ -64,6 +64,8 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      "Where a smollm-word rollout step spends its time, and how far each part is from FLOPs ÷ the measured rate."),
     ("smollm_word_run", "VAPO on SmolLM2-135M-Instruct: the smollm-word preset", render_smollm.run,
      "Does held-out accuracy rise within an hour on 2 cores, and does the trained model answer the smoke question?"),
+    ("smollm_word_run_seed7", "The smollm-word preset again, another seed", render_smollm.run,
+     "The same run with seed 7: how much of the first run's gain is that seed's luck?"),
     ("tool_use", "Tool use: RL with a calculator over MCP", render_tools.tool_use,
      ("Does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and does held-out "
       "accuracy follow — next to the same runs without it, under VAPO and GRPO?")),

@@ -28,17 +28,7 @@ def baseline(rec: dict) -> str:
             f"problems of `{rec['benchmark']}` (the kinds in turn), greedy and {rec['samples_per_problem']} samples "
             f"each at temperature {rec['temperature']:g}, at most {rec['max_tokens']} new tokens; mean greedy answer "
             f"length {f(rec['response_length'], 1)} tokens; {rec['eval_seconds']:.0f} s.{ex} {SCALE}")
-    shown = [ln for ln in rec.get("printed", []) if not ln.startswith("  more:")]
-    transcript = "\n".join(["What the run printed (`vapo-mcp train`'s console lines):", "```text", *shown, "```"])
-    return section(lines, rec, note, *([transcript] if shown else []))
-
-
-def _evaluated(rec: dict) -> str:
-    ev = rec["config"]["eval"]
-    n, k = ev["num_problems"], ev["samples_per_problem"]
-    return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
-            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
-            f"variation is not measured. ")
+    return section(lines, rec, note)
 
 
 def speed(rec: dict) -> str:
@@ -63,17 +53,7 @@ def speed(rec: dict) -> str:
             f"response positions only (logits_to_keep) makes the trainer's log-prob pass {k['smollm']['speedup']:.2f}× "
             f"as fast on this model and {k['tiny']['speedup']:.2f}× on the built-in tiny model (medians of "
             f"interleaved repeats). {_profile(rec['sampling_profile'])}{_full(rec.get('full_finetuning'))} {SCALE}")
-    shown = [ln for ln in rec.get("printed", []) if not ln.startswith("  more:")]
-    transcript = "\n".join(["What the run printed (`vapo-mcp train`'s console lines):", "```text", *shown, "```"])
-    return section(lines, rec, note, *([transcript] if shown else []))
-
-
-def _evaluated(rec: dict) -> str:
-    ev = rec["config"]["eval"]
-    n, k = ev["num_problems"], ev["samples_per_problem"]
-    return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
-            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
-            f"variation is not measured. ")
+    return section(lines, rec, note)
 
 
 def _full(ff: dict | None) -> str:
@@ -124,5 +104,4 @@ def _evaluated(rec: dict) -> str:
     ev = rec["config"]["eval"]
     n, k = ev["num_problems"], ev["samples_per_problem"]
     return (f"Each evaluation: {n} held-out problems, greedy once and sampled {k} times each at temperature "
-            f"{rec['config']['model']['temperature']} ({n * k} sampled answers); one training seed, so run-to-run "
-            f"variation is not measured. ")
+            f"{rec['config']['model']['temperature']} ({n * k} sampled answers). ")
