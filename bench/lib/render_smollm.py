@@ -3,7 +3,9 @@ its rollout steps next to the physical bound, and the `smollm-word` run with the
 Every number comes from the record (bench/lib/render.py's rules). Torch-free."""
 from __future__ import annotations
 
-import re
+from fractions import Fraction
+
+from vapo_engine.tasks.answers import last_number
 
 from .render import f, section
 
@@ -74,8 +76,8 @@ def _profile(prof: dict) -> str:
 def ends_on(answers: list[dict], expect: str) -> int:
     """How many answers end on the expected number (the last number of the answer's kept tail): stricter than
     smoke's rule, which passes an answer that contains it anywhere, also one that goes on to a wrong result."""
-    last = (re.findall(r"-?\d+(?:\.\d+)?", a["answer_tail"].replace(",", "")) for a in answers)
-    return sum(bool(nums) and float(nums[-1]) == float(expect) for nums in last)
+    last = (last_number(a["answer_tail"]) for a in answers)
+    return sum(n is not None and Fraction(n.replace(",", "")) == Fraction(expect) for n in last)
 
 
 def run(rec: dict) -> str:
