@@ -26,7 +26,7 @@ SMOKES = {  # record name: (module, its arguments besides --smoke --out)
     "throughput": ("bench.perf.throughput", ["--dtypes", "float32"]),
     "sample_efficiency": (ABLATION, ["--sample-efficiency", "--variants", "vapo,grpo"]),
     "ablation": (ABLATION, ["--variants", "vapo,no_positive_lm"]),  # in-process; the paired smoke runs --jobs
-    "ablation_paired": (ABLATION, ["--budget", "3", "--variants", "vapo,no_value_pretrain,rft,vapo_offline_critic",
+    "ablation_paired": (ABLATION, ["--budget", "3", "--variants", "vapo,rft,vapo_offline_critic",
                                    "--offline-critic-rounds", "2", "--jobs", "2"]),
     "concurrency": ("bench.perf.concurrency", []),
     "critic": ("bench.experiments.critic", ["--preset", "cpu-demo"]),
@@ -87,10 +87,10 @@ def test_paired_smoke_shares_one_critic_and_counts_its_rollouts(out: Path):
     runs = {r["variant"]: r for r in rec["runs"]}
     rounds = rec["critics"]["1"]["rounds"]
     assert rounds >= 1 and runs["vapo"]["pretrain_rollouts"] == rounds and runs["vapo"]["shared_critic"]
-    assert runs["no_value_pretrain"]["pretrain_rollouts"] == runs["rft"]["pretrain_rollouts"] == 0
+    assert runs["rft"]["pretrain_rollouts"] == 0  # a row without value pretraining
     upr = runs["vapo"]["updates_per_rollout"]
     assert runs["vapo"]["steps"] == (3 - rounds) * upr and runs["rft"]["steps"] == 3 * upr
-    assert {r["variant"] for r in rec["table"]} == {"vapo", "no_value_pretrain", "rft", "vapo_offline_critic"}
+    assert {r["variant"] for r in rec["table"]} == {"vapo", "rft", "vapo_offline_critic"}
     off = runs["vapo_offline_critic"]  # its critic pretrained once, outside the budget: every rollout a policy step
     assert rec["critics"]["vapo_offline_critic"]["rounds"] == 2 and off["pretrain_rollouts"] == 0
     assert off["steps"] == 3 * upr and "model.value_path=" in " ".join(off["overrides"])
