@@ -2,8 +2,9 @@
 # Create .venv and install vapo-mcp with its test tools. Idempotent; safe to rerun.
 # CPU machines: torch is installed first as TORCH_SPEC (default torch==2.13.0, a small CPU wheel where one is
 # provided locally) so that the installer does not pull a multi-GB CUDA build; GPU machines get the CUDA build of it.
-# The installer is uv (installed into .venv with pip; on a fresh 2-core machine 0.6 min instead of pip's 2.7), given
-# pip's find-links so it sees the same local torch wheel; pip where uv cannot be had, or with VAPO_SETUP_PIP=1.
+# The installer is uv (put into .venv by pip), given pip's find-links so that it takes the same local torch wheel;
+# pip where uv cannot be had, or with VAPO_SETUP_PIP=1. A fresh setup on a quiet 2-core machine took 62 s with uv
+# (its cache empty) against 152 s with pip (its cache filled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
