@@ -23,7 +23,7 @@ from pathlib import Path
 if not __package__:  # run as a file (`python bench/report.py`): make the bench package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.lib import render, render_critic, render_smollm, render_tools, render_trl
+from bench.lib import render, render_critic, render_smollm, render_suite, render_tools, render_trl
 from bench.lib.records import REPO
 
 BEGIN = "<!-- results:begin (rendered by bench/report.py from bench/results; edit the renderer, not this block) -->"
@@ -66,6 +66,8 @@ SECTIONS = (  # (record, title, renderer, what it answers: a text, or a function
      "Does held-out accuracy rise within an hour on 2 cores, and does the trained model answer the smoke question?"),
     ("smollm_word_run_seed7", "The smollm-word preset again, another seed", render_smollm.run,
      "The same run with seed 7: how much of the first run's gain is that seed's luck?"),
+    ("suite_time", "How long the test suite takes, next to the host's speed", render_suite.suite_time,
+     "How long `bash .ci/run` takes from a fresh clone on this 2-core machine, and how fast the host was meanwhile."),
     ("tool_use", "Tool use: RL with a calculator over MCP", render_tools.tool_use,
      ("Does RL with a calculator (an MCP server over stdio) teach the built-in model to call it, and does held-out "
       "accuracy follow — next to the same runs without it, under VAPO and GRPO?")),

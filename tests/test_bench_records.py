@@ -192,3 +192,35 @@ def test_smoke_answers_count_as_ending_on_the_number_only_when_their_last_number
                {"answer_tail": "It is 180 km/h."}, {"answer_tail": "no number here"},
                {"answer_tail": "1,080 km in total"}]
     assert ends_on(answers, "80") == 2
+
+
+def test_suite_time_reads_a_real_pytest_summary_and_renders_two_suites(tmp_path: Path):
+    """bench.perf.suite_time: the counts and seconds come from pytest's own last line (a real pytest run here, one
+    test of each outcome); the section names both commits, the host's speed and the ratio of the two suites."""
+    import subprocess
+    import sys
+
+    from bench.lib import render_suite
+    from bench.perf import suite_time
+    (tmp_path / "test_three.py").write_text("import pytest\n\ndef test_a():\n    pass\n\ndef test_b():\n"
+                                            "    assert 1 == 2\n\ndef test_c():\n    pytest.skip('no')\n")
+    for quiet in ([], ["-q"]):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *quiet,
+                            "test_three.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        got = suite_time.pytest_summary(r.stdout)
+        assert {k: got[k] for k in ("passed", "failed", "skipped", "errors")} == \
+               {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}, r.stdout[-800:]
+        assert 0 < got["pytest_s"] < 120
+    assert suite_time.pytest_summary("Killed\n") == {}
+    host = {"matmul_fp32_gflops_2_threads": 65.0, "trainer_import_s": 8.1}
+    suite = {"exit_code": 0, "passed": 10, "skipped": 1, "load_avg_start": [0.5, 0.6, 0.7]}
+    rec = {"suites": [{**suite, "commit": "a" * 40, "pytest_s": 600.0, "wall_s_total": 690.0},
+                      {**suite, "commit": "b" * 40, "pytest_s": 500.0, "wall_s_total": 580.0}],
+           "host_before": host, "host_after": {**host, "matmul_fp32_gflops_2_threads": 64.0},
+           "machine": {"cpu_model": "cpu", "logical_cores": 2, "torch": "2"}, "command": "c", "wall_s_total": 1300.0,
+           "load_avg_start": [0.5], "load_avg_end": [1.5], "date_utc": "now"}
+    text = render_suite.suite_time(rec)
+    assert "| aaaaaaaaaa | 0 | 10 passed, 1 skipped | 600.0 | 690 s (11.5 min) |" in text
+    assert "65.0 / 64.0 GFLOP/s" in text and "HEAD's pytest took 1.20× the time of bbbbbbbbbb's" in text
+    with pytest.raises(SystemExit, match="--ref 'nope': not a commit"):
+        suite_time.resolve("nope")
