@@ -18,8 +18,10 @@ def suite_time(rec: dict) -> str:
     host = (f"The host, measured before / after the suites: fp32 matmul peak on 2 threads "
             f"{b['matmul_fp32_gflops_2_threads']} / {a['matmul_fp32_gflops_2_threads']} GFLOP/s; a fresh "
             f"interpreter's `import vapo_engine.trainer.loop` {b['trainer_import_s']} / {a['trainer_import_s']} s "
-            "(median of 3). Each of the suite's ~100 torch-importing processes pays about that import first, so "
-            "the suite's time scales with the host's speed; compare suites only within one record.")
+            "(median of 3). Most of the suite's processes (trainers, torchrun ranks, model servers, bench children) "
+            "pay about that import before anything else, so the suite's time scales with the host's speed: compare "
+            "suites only within one record. Setup is each commit's own scripts/setup.sh (installers differ between "
+            "commits), so the pytest column is the one that compares suites.")
     notes = [host]
     if len(rec["suites"]) == 2 and all(s.get("pytest_s") for s in rec["suites"]):
         head, ref = rec["suites"]

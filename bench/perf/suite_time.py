@@ -1,7 +1,7 @@
 """The README's test command as CI runs it: a fresh clone of HEAD, empty caches, `bash .ci/run`, timed from the
 command to its exit; with --ref COMMIT, the same for that commit right after, on the same machine.
 
-Why a reference: the suite's time on 2 cores is mostly CPU, and about 100 of its processes each import torch and
+Why a reference: the suite's time on 2 cores is mostly CPU, and most of its processes import torch and
 transformers first (seconds each), so the same tests take twice as long on a host half as fast. A bound such as
 "CI ≤ 8 minutes" only means something next to the host's speed, so the record keeps two measures of it taken
 before and after the suites: the fp32 matmul peak on 2 threads and the seconds `import vapo_engine.trainer.loop`
