@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,9 +199,6 @@ def test_smoke_answers_count_as_ending_on_the_number_only_when_their_last_number
 def test_suite_time_reads_a_real_pytest_summary_and_renders_two_suites(tmp_path: Path):
     """bench.perf.suite_time: the counts and seconds come from pytest's own last line (a real pytest run here, one
     test of each outcome); the section names both commits, the host's speed and the ratio of the two suites."""
-    import subprocess
-    import sys
-
     from bench.lib import render_suite
     from bench.perf import suite_time
     (tmp_path / "test_three.py").write_text("import pytest\n\ndef test_a():\n    pass\n\ndef test_b():\n"

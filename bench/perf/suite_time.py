@@ -107,8 +107,8 @@ def main(argv=None) -> Path:
     with tempfile.TemporaryDirectory(prefix="vapo-bench-suite-") as tmp:
         suites = []
         for commit in commits:
-            suites.append(run_suite(commit, Path(tmp)))
-            s = suites[-1]
+            s = run_suite(commit, Path(tmp))
+            suites.append(s)
             print(f"{commit[:12]}: exit {s['exit_code']}, {s['wall_s_total']:.0f} s in all, pytest "
                   f"{s.get('pytest_s')} s ({s.get('passed')} passed, {s.get('failed')} failed, {s.get('skipped')} "
                   f"skipped); load {s['load_avg_start']} -> {s['load_avg_end']}", flush=True)
