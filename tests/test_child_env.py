@@ -3,6 +3,7 @@ supervisor and trainer worker lack `VAPO_MCP_TOKEN`, read from the real processe
 whose rollout replicas take that token (rollout.backend = server, token_env = VAPO_MCP_TOKEN) keeps it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -34,8 +35,22 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _worker_env(sup: int) -> dict[str, str] | None:
+    """The environment of the supervisor's trainer worker once it has exec'd (before that, /proc shows the
+    supervisor's own environment), or None while there is none yet; a worker gone meanwhile counts as none."""
+    for kid in _children(sup):
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as fh:
+                if b"vapo_engine.trainer" in fh.read():
+                    return _environ(kid)
+        except OSError:
+            continue
+    return None
+
+
 def _started_envs(tmp_path, overrides: list[str]) -> tuple[dict, dict]:
-    """Start a real run (supervisor + worker) and read both processes' environments, then kill them."""
+    """Start a real run (supervisor + worker) and read both processes' environments, then kill them. The worker
+    is read only after its exec and may exit at any moment (SERVER_ROLLOUT's replica refuses connections)."""
     from vapo_engine.jobs import RunManager
     root = tmp_path / "logs"
     cfg = load_config(ROOT / "config.toml", ["training.total_steps=3", *overrides])
@@ -47,14 +62,14 @@ def _started_envs(tmp_path, overrides: list[str]) -> tuple[dict, dict]:
     try:
         sup_env = _environ(sup)
         deadline = time.time() + 30
-        while not (kids := _children(sup)) and time.time() < deadline:
-            time.sleep(0.05)
-        assert kids, "the supervisor started no worker"
-        return sup_env, _environ(kids[0])
+        while (worker := _worker_env(sup)) is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert worker is not None, "the supervisor started no trainer worker within 30 s"
+        return sup_env, worker
     finally:
-        for kid in _children(sup):
-            os.killpg(kid, signal.SIGKILL)
-        os.kill(sup, signal.SIGKILL)
+        for pid, kill in [*((kid, os.killpg) for kid in _children(sup)), (sup, os.kill)]:
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads /proc/<pid>/environ")
